@@ -1,0 +1,1 @@
+//! Benchmark support shared by the bench binaries.

@@ -1,0 +1,113 @@
+//! What a backend can promise, declared once per backend.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// The guarantees and limits of one backend.
+///
+/// Declared once in each backend with `..Capabilities::default()` for what it lacks. The
+/// core refuses requests outside these limits before the store is touched, and the
+/// conformance suite registers a scenario only when the capabilities allow it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Waiters are granted the key in the order they started waiting.
+    pub fair_ordering: bool,
+    /// The store tells waiters when a key is released, so they need not poll.
+    pub native_notification: bool,
+    /// Fencing tokens survive a restart of the store (the counter is as durable as the
+    /// lock itself). Without it, tokens only grow while the store stays up.
+    pub durable_fencing: bool,
+    /// The core's reentrant [`LockOwner`](crate::LockOwner) may be used with this backend.
+    pub reentrancy: bool,
+    /// Leases are bound to a store session (a connection): they end when it ends, not only
+    /// when their TTL runs out.
+    pub session_bound: bool,
+    /// The shortest TTL the store can keep.
+    pub min_ttl: Duration,
+    /// The longest TTL the store can keep.
+    pub max_ttl: Duration,
+    /// The store keeps TTLs rounded up to a multiple of this.
+    pub ttl_granularity: Duration,
+}
+
+impl Default for Capabilities {
+    /// The least a backend may promise: no fairness, no notification, tokens that do not
+    /// survive a store restart, TTLs from 1 ms to one day at 1 ms granularity.
+    fn default() -> Self {
+        Capabilities {
+            fair_ordering: false,
+            native_notification: false,
+            durable_fencing: false,
+            reentrancy: true,
+            session_bound: false,
+            min_ttl: Duration::from_millis(1),
+            max_ttl: Duration::from_secs(24 * 60 * 60),
+            ttl_granularity: Duration::from_millis(1),
+        }
+    }
+}
+
+impl Capabilities {
+    /// Refuses a TTL the store cannot keep, with [`ErrorKind::InvalidInput`](crate::ErrorKind).
+    pub fn check_ttl(&self, ttl: Duration) -> Result<()> {
+        if ttl.is_zero() {
+            return Err(Error::invalid("TTL is zero"));
+        }
+        if ttl < self.min_ttl {
+            return Err(Error::invalid(format!(
+                "TTL {ttl:?} is below this backend's minimum of {:?}",
+                self.min_ttl
+            )));
+        }
+        if ttl > self.max_ttl {
+            return Err(Error::invalid(format!(
+                "TTL {ttl:?} is above this backend's maximum of {:?}",
+                self.max_ttl
+            )));
+        }
+        Ok(())
+    }
+
+    /// `ttl` rounded *up* to the store's granularity, so the store never forgets a lease
+    /// before the holder's local deadline.
+    pub fn store_ttl(&self, ttl: Duration) -> Duration {
+        let step = self.ttl_granularity.as_nanos().max(1);
+        let steps = ttl.as_nanos().div_ceil(step);
+        let nanos = steps.saturating_mul(step);
+        Duration::new(
+            u64::try_from(nanos / 1_000_000_000).unwrap_or(u64::MAX),
+            // The remainder of a division by 10^9 always fits.
+            (nanos % 1_000_000_000) as u32,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_limits() {
+        let caps = Capabilities {
+            min_ttl: Duration::from_millis(10),
+            max_ttl: Duration::from_secs(60),
+            ..Capabilities::default()
+        };
+        assert!(caps.check_ttl(Duration::ZERO).is_err());
+        assert!(caps.check_ttl(Duration::from_millis(9)).is_err());
+        assert!(caps.check_ttl(Duration::from_secs(61)).is_err());
+        assert!(caps.check_ttl(Duration::MAX).is_err());
+        assert!(caps.check_ttl(Duration::from_millis(10)).is_ok());
+    }
+
+    #[test]
+    fn store_ttl_rounds_up() {
+        let caps = Capabilities {
+            ttl_granularity: Duration::from_secs(1),
+            ..Capabilities::default()
+        };
+        assert_eq!(caps.store_ttl(Duration::from_millis(1500)), Duration::from_secs(2));
+        assert_eq!(caps.store_ttl(Duration::from_secs(3)), Duration::from_secs(3));
+    }
+}

@@ -1,0 +1,273 @@
+//! What users call: a client over any backend, and the lock request builder.
+
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::Instrument;
+
+use crate::backend::{DynBackend, LockBackend, LockBackendExt, LockInfo};
+use crate::error::{Error, ErrorKind, Result};
+use crate::guard::{outcome_name, spawn_release, HeldLock, LockGuard};
+use crate::key::LockKey;
+use crate::lease::{AcquireRequest, Lease, LeaseId};
+use crate::options::{AcquireOptions, Renewal, Wait, WaitSpec};
+use crate::owner::LockOwner;
+
+/// Locks keys on one backend. Cheap to clone; clones share the backend.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> lock_core::Result<()> {
+/// use std::time::Duration;
+/// use lock_core::{LockClient, MemoryBackend};
+///
+/// let client = LockClient::new(MemoryBackend::new());
+/// let guard = client.lock("reports/daily").ttl(Duration::from_secs(10)).await?;
+/// // Refused at once while held: waiting is opt-in per request.
+/// assert!(client.try_lock("reports/daily").await.is_err());
+/// assert!(guard.release().await?);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct LockClient {
+    backend: DynBackend,
+    defaults: AcquireOptions,
+}
+
+impl LockClient {
+    /// A client over `backend` with default options.
+    pub fn new(backend: impl LockBackend) -> Self {
+        Self::from_dyn(Arc::new(backend))
+    }
+
+    /// A client over an already shared backend.
+    pub fn from_dyn(backend: DynBackend) -> Self {
+        LockClient {
+            backend,
+            defaults: AcquireOptions::default(),
+        }
+    }
+
+    /// Replaces the options requests start from.
+    pub fn with_defaults(mut self, defaults: AcquireOptions) -> Self {
+        self.defaults = defaults;
+        self
+    }
+
+    /// The options requests start from.
+    pub fn defaults(&self) -> &AcquireOptions {
+        &self.defaults
+    }
+
+    /// The backend underneath.
+    pub fn backend(&self) -> &DynBackend {
+        &self.backend
+    }
+
+    /// A request for `key` with this client's default options, to refine and `.await`.
+    pub fn lock(&self, key: impl AsRef<str>) -> LockRequest<'_> {
+        LockRequest {
+            client: self,
+            owner: None,
+            key: LockKey::new(key),
+            options: self.defaults.clone(),
+        }
+    }
+
+    /// A request for `key` that does not wait: a held key is [`ErrorKind::HeldByAnother`].
+    pub fn try_lock(&self, key: impl AsRef<str>) -> LockRequest<'_> {
+        self.lock(key).no_wait()
+    }
+
+    /// Who holds `key` right now.
+    pub async fn inspect(&self, key: impl AsRef<str>) -> Result<Option<LockInfo>> {
+        let key = LockKey::new(key)?;
+        crate::backend::with_timeout(self.defaults.request_timeout, "inspect", self.backend.inspect(&key)).await
+    }
+
+    /// A reentrant owner: locks taken through it (and its clones) can be taken again
+    /// while held, and are given back to the store only by the outermost release.
+    pub fn owner(&self) -> LockOwner {
+        LockOwner::new(self.clone())
+    }
+
+    pub(crate) async fn acquire_guard(&self, key: LockKey, options: AcquireOptions) -> Result<LockGuard> {
+        let lease = acquire_lease(&self.backend, key, &options).await?;
+        Ok(LockGuard::new(HeldLock::start(self.backend.clone(), lease, options), None))
+    }
+}
+
+/// A lock request: refine it with the builder methods, then `.await` it for a guard.
+#[must_use = "a lock request does nothing until awaited"]
+#[derive(Debug)]
+pub struct LockRequest<'a> {
+    client: &'a LockClient,
+    owner: Option<&'a LockOwner>,
+    key: Result<LockKey>,
+    options: AcquireOptions,
+}
+
+impl<'a> LockRequest<'a> {
+    pub(crate) fn for_owner(owner: &'a LockOwner, client: &'a LockClient, key: Result<LockKey>) -> Self {
+        LockRequest {
+            client,
+            owner: Some(owner),
+            key,
+            options: client.defaults.clone(),
+        }
+    }
+
+    /// How long the store keeps the lease without renewal.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.options.ttl = ttl;
+        self
+    }
+
+    /// How long to wait for a held key.
+    pub fn wait(mut self, wait: Wait) -> Self {
+        self.options.wait = wait;
+        self
+    }
+
+    /// Waits at most `bound`, then fails with [`ErrorKind::TimedOut`].
+    pub fn wait_up_to(self, bound: Duration) -> Self {
+        self.wait(Wait::UpTo(bound))
+    }
+
+    /// Fails at once with [`ErrorKind::HeldByAnother`] if the key is held.
+    pub fn no_wait(self) -> Self {
+        self.wait(Wait::No)
+    }
+
+    /// Who keeps the lease alive.
+    pub fn renewal(mut self, renewal: Renewal) -> Self {
+        self.options.renewal = renewal;
+        self
+    }
+
+    /// Replaces every option at once.
+    pub fn options(mut self, options: AcquireOptions) -> Self {
+        self.options = options;
+        self
+    }
+}
+
+impl<'a> IntoFuture for LockRequest<'a> {
+    type Output = Result<LockGuard>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Result<LockGuard>> + Send + 'a>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move {
+            let key = self.key?;
+            match self.owner {
+                Some(owner) => owner.acquire(key, self.options).await,
+                None => self.client.acquire_guard(key, self.options).await,
+            }
+        })
+    }
+}
+
+fn check_options(backend: &DynBackend, options: &AcquireOptions) -> Result<()> {
+    backend.capabilities().check_ttl(options.ttl)?;
+    if options.drift_allowance() >= options.ttl {
+        return Err(Error::invalid(format!(
+            "clock-drift allowance {:?} leaves nothing of the TTL {:?}",
+            options.drift_allowance(),
+            options.ttl
+        )));
+    }
+    if options.request_timeout.is_zero() {
+        return Err(Error::invalid("request timeout is zero"));
+    }
+    Ok(())
+}
+
+/// Acquires per `options`, making sure an abandoned or failed attempt leaves no hold.
+pub(crate) async fn acquire_lease(backend: &DynBackend, key: LockKey, options: &AcquireOptions) -> Result<Lease> {
+    let span = tracing::info_span!(
+        "distlock.acquire",
+        backend = backend.name(),
+        key = %key,
+        attempts = tracing::field::Empty,
+        wait_ms = tracing::field::Empty,
+        token = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+    );
+    async move {
+        check_options(backend, options)?;
+        let started = Instant::now();
+        let request = AcquireRequest::new(key, options.ttl, options.drift_allowance());
+        let mut cleanup = AbandonedAttempt {
+            backend: backend.clone(),
+            request: Some((request.key().clone(), request.lease_id())),
+            timeout: options.request_timeout,
+        };
+        let result = match options.wait {
+            Wait::No => backend.acquire_once(&request, options.request_timeout).await,
+            Wait::UpTo(_) | Wait::Forever => {
+                let spec = WaitSpec {
+                    until: options.wait.deadline_from(started),
+                    backoff: options.backoff,
+                    request_timeout: options.request_timeout,
+                };
+                wait_bounded(backend, &request, &spec).await
+            }
+        };
+        let span = tracing::Span::current();
+        span.record("wait_ms", started.elapsed().as_millis() as u64);
+        span.record("outcome", outcome_name(&result));
+        match &result {
+            Ok(lease) => {
+                span.record("token", lease.token().get());
+                cleanup.request = None;
+            }
+            // A definite "held" means the store holds nothing of ours: any earlier applied
+            // attempt would have been returned as ours by the last one.
+            Err(err) if !matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::Internal) => {
+                cleanup.request = None;
+            }
+            Err(_) => {}
+        }
+        result
+    }
+    .instrument(span)
+    .await
+}
+
+/// A backend's own wait may override the default loop; bound it all the same, so an
+/// override that never returns cannot hold a bounded waiter hostage.
+async fn wait_bounded(backend: &DynBackend, request: &AcquireRequest, spec: &WaitSpec) -> Result<Lease> {
+    match spec.until {
+        None => backend.acquire(request, spec).await,
+        Some(until) => {
+            let grace = spec.request_timeout.min(Duration::from_millis(250));
+            let outer = tokio::time::Instant::from_std(until + grace);
+            match tokio::time::timeout_at(outer, backend.acquire(request, spec)).await {
+                Ok(result) => result,
+                Err(_) => Err(Error::new(
+                    ErrorKind::Unavailable,
+                    "the store did not answer before the wait ended",
+                )),
+            }
+        }
+    }
+}
+
+/// Releases a request's lease id if the acquisition future is dropped or fails in a way
+/// that leaves it unknown whether the store granted it.
+struct AbandonedAttempt {
+    backend: DynBackend,
+    request: Option<(LockKey, LeaseId)>,
+    timeout: Duration,
+}
+
+impl Drop for AbandonedAttempt {
+    fn drop(&mut self) {
+        if let Some((key, lease_id)) = self.request.take() {
+            spawn_release(self.backend.clone(), key, lease_id, self.timeout);
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! How to acquire: TTL, waiting, renewal, backoff.
+
+use std::time::{Duration, Instant};
+
+use crate::lease::default_drift_allowance;
+
+/// How long an acquisition may wait for a key held by someone else.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// Try once; fail with [`ErrorKind::HeldByAnother`](crate::ErrorKind) if held.
+    No,
+    /// Wait up to this long; then fail with [`ErrorKind::TimedOut`](crate::ErrorKind).
+    UpTo(Duration),
+    /// Wait until the key is free.
+    Forever,
+}
+
+impl Wait {
+    /// The instant the wait ends, measured from `start`; `None` for ever.
+    pub fn deadline_from(self, start: Instant) -> Option<Instant> {
+        match self {
+            Wait::No => Some(start),
+            // A bound too large to represent is as good as for ever.
+            Wait::UpTo(bound) => start.checked_add(bound),
+            Wait::Forever => None,
+        }
+    }
+}
+
+/// Who keeps a held lease alive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Renewal {
+    /// A watchdog renews at a third of the TTL until the guard is released or dropped.
+    Auto,
+    /// The holder calls [`LockGuard::renew`](crate::LockGuard::renew) itself.
+    Manual,
+}
+
+/// Exponential backoff with full jitter between attempts while waiting: the n-th pause is
+/// uniformly random in `[0, min(max, initial * 2^n)]`, which spreads contenders apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    /// The cap of the first pause.
+    pub initial: Duration,
+    /// The cap of every pause; with native notification, the fallback poll interval.
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            initial: Duration::from_millis(5),
+            max: Duration::from_millis(500),
+        }
+    }
+}
+
+impl Backoff {
+    /// The pause before attempt number `attempt` (0-based).
+    pub fn pause(&self, attempt: u32) -> Duration {
+        let cap = self
+            .initial
+            .saturating_mul(1u32.checked_shl(attempt.min(20)).unwrap_or(u32::MAX))
+            .min(self.max);
+        cap.mul_f64(fastrand::f64())
+    }
+}
+
+/// Everything about one acquisition except the key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AcquireOptions {
+    /// How long the store keeps the lease without renewal. Default 30 s.
+    pub ttl: Duration,
+    /// How long to wait for a held key. Default: for ever.
+    pub wait: Wait,
+    /// Who renews. Default: automatic.
+    pub renewal: Renewal,
+    /// Subtracted from the TTL for the holder's local deadline. Default: 1% of the TTL
+    /// plus 2 ms.
+    pub clock_drift: Option<Duration>,
+    /// Pauses between attempts while waiting.
+    pub backoff: Backoff,
+    /// The longest one store request may take before it counts as unanswered
+    /// ([`ErrorKind::Unavailable`](crate::ErrorKind)). Default 5 s.
+    pub request_timeout: Duration,
+}
+
+impl Default for AcquireOptions {
+    fn default() -> Self {
+        AcquireOptions {
+            ttl: Duration::from_secs(30),
+            wait: Wait::Forever,
+            renewal: Renewal::Auto,
+            clock_drift: None,
+            backoff: Backoff::default(),
+            request_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl AcquireOptions {
+    /// The clock-drift allowance in force for these options.
+    pub fn drift_allowance(&self) -> Duration {
+        self.clock_drift
+            .unwrap_or_else(|| default_drift_allowance(self.ttl))
+    }
+}
+
+/// A wait as handed to [`LockBackend::acquire`](crate::LockBackend::acquire).
+#[derive(Clone, Copy, Debug)]
+pub struct WaitSpec {
+    /// When to give up; `None` waits for ever.
+    pub until: Option<Instant>,
+    /// Pauses between attempts.
+    pub backoff: Backoff,
+    /// The longest one store request may take.
+    pub request_timeout: Duration,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_is_capped_and_grows() {
+        let backoff = Backoff {
+            initial: Duration::from_millis(10),
+            max: Duration::from_millis(80),
+        };
+        for attempt in 0..64 {
+            assert!(backoff.pause(attempt) <= Duration::from_millis(80));
+        }
+        assert!(backoff.pause(0) <= Duration::from_millis(10));
+    }
+
+    #[test]
+    fn huge_wait_is_forever() {
+        assert_eq!(Wait::UpTo(Duration::MAX).deadline_from(Instant::now()), None);
+    }
+}
