@@ -24,6 +24,9 @@ pub struct LockInfo {
     pub token: FencingToken,
     /// Time left before the store expires the lease, by the store's clock.
     pub remaining_ttl: Duration,
+    /// How many acquisitions queue for the key, where the store keeps a queue (fair
+    /// backends must report it); `None` when it does not know.
+    pub waiters: Option<usize>,
 }
 
 /// How a release ended, from the releasing lease's point of view.

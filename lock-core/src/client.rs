@@ -237,21 +237,36 @@ pub(crate) async fn acquire_lease(backend: &DynBackend, key: LockKey, options: &
     .await
 }
 
-/// A backend's own wait may override the default loop; bound it all the same, so an
-/// override that never returns cannot hold a bounded waiter hostage.
+/// Runs the backend's wait (its own fair queue, or the default polling loop), bounded by
+/// the wait so an override that never returns cannot hold a bounded waiter hostage, and
+/// retried with the same lease id when the store did not answer: a grant whose reply was
+/// lost is then found again instead of left behind.
 async fn wait_bounded(backend: &DynBackend, request: &AcquireRequest, spec: &WaitSpec) -> Result<Lease> {
-    match spec.until {
-        None => backend.acquire(request, spec).await,
-        Some(until) => {
-            let grace = spec.request_timeout.min(Duration::from_millis(250));
-            let outer = tokio::time::Instant::from_std(until + grace);
-            match tokio::time::timeout_at(outer, backend.acquire(request, spec)).await {
-                Ok(result) => result,
-                Err(_) => Err(Error::new(
-                    ErrorKind::Unavailable,
-                    "the store did not answer before the wait ended",
-                )),
+    let grace = spec.request_timeout.min(Duration::from_millis(250));
+    let mut attempt = 0;
+    loop {
+        let result = match spec.until {
+            None => backend.acquire(request, spec).await,
+            Some(until) => {
+                let outer = tokio::time::Instant::from_std(until + grace);
+                tokio::time::timeout_at(outer, backend.acquire(request, spec))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(Error::unavailable("the store did not answer before the wait ended"))
+                    })
             }
+        };
+        match result {
+            Err(err) if err.kind() == ErrorKind::Unavailable => {
+                let pause = spec.backoff.pause(attempt);
+                attempt += 1;
+                if spec.until.is_some_and(|until| Instant::now() + pause >= until) {
+                    return Err(err);
+                }
+                tracing::debug!(error = %err, "store unavailable while waiting; retrying");
+                tokio::time::sleep(pause).await;
+            }
+            other => return other,
         }
     }
 }

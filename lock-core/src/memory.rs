@@ -294,10 +294,15 @@ impl LockBackend for MemoryBackend {
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
         let now = Instant::now();
         let state = lock(&self.store.state);
+        let waiters = self
+            .capabilities
+            .fair_ordering
+            .then(|| state.queues.get(key).map_or(0, VecDeque::len));
         Ok(state.locks.get(key).filter(|entry| entry.is_live(now)).map(|entry| LockInfo {
             lease_id: entry.lease_id,
             token: entry.token,
             remaining_ttl: entry.expires_at - now,
+            waiters,
         }))
     }
 

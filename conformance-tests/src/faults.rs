@@ -1,0 +1,227 @@
+//! A backend wrapper that injects faults per operation: delays, failures, silence, and
+//! requests the store applies whose replies are lost.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lock_core::{
+    async_trait, AcquireRequest, Capabilities, DynBackend, Error, ErrorKind, FencingToken,
+    KeyWatch, Lease, LeaseId, LockBackend, LockInfo, LockKey, Result, WaitSpec,
+};
+
+/// An operation of [`LockBackend`] that faults can target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// `try_acquire`, and `acquire` of a backend with its own fair queue.
+    Acquire,
+    /// `renew`.
+    Renew,
+    /// `release`.
+    Release,
+    /// `inspect`.
+    Inspect,
+    /// `watch` and the notifications it delivers.
+    Watch,
+}
+
+const OPS: [Op; 5] = [Op::Acquire, Op::Renew, Op::Release, Op::Inspect, Op::Watch];
+
+/// What happens to a targeted operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The request reaches the store late.
+    Delay(Duration),
+    /// The request never reaches the store and fails at once with this kind.
+    Fail(ErrorKind),
+    /// The request never reaches the store and no reply ever comes.
+    BlackHole,
+    /// The store applies the request, but the reply is lost: the caller sees
+    /// [`ErrorKind::Unavailable`].
+    ApplyThenDropReply,
+    /// The store applies the request at once; the reply arrives this much later.
+    ApplyThenDelayReply(Duration),
+    /// For [`Op::Watch`]: the subscription is made but no notification ever arrives.
+    DropNotifications,
+}
+
+#[derive(Debug)]
+struct Rule {
+    fault: Fault,
+    /// How many more calls it applies to; `None` for every call.
+    remaining: Option<u32>,
+}
+
+/// Wraps any backend and injects [`Fault`]s per [`Op`]; also counts calls per operation,
+/// so scenarios can prove that nothing reached the store (bad input) or that a watchdog
+/// stopped (no renewals after release).
+#[derive(Debug)]
+pub struct FaultyBackend {
+    inner: DynBackend,
+    rules: Mutex<HashMap<Op, Rule>>,
+    calls: [AtomicU64; 5],
+    completed: [AtomicU64; 5],
+}
+
+impl FaultyBackend {
+    /// Wraps `inner` with no fault in force.
+    pub fn new(inner: DynBackend) -> Arc<Self> {
+        Arc::new(FaultyBackend {
+            inner,
+            rules: Mutex::new(HashMap::new()),
+            calls: Default::default(),
+            completed: Default::default(),
+        })
+    }
+
+    /// Applies `fault` to every later call of `op`.
+    pub fn inject(&self, op: Op, fault: Fault) {
+        self.rules().insert(op, Rule { fault, remaining: None });
+    }
+
+    /// Applies `fault` to the next `times` calls of `op` only.
+    pub fn inject_times(&self, op: Op, fault: Fault, times: u32) {
+        self.rules().insert(
+            op,
+            Rule {
+                fault,
+                remaining: Some(times),
+            },
+        );
+    }
+
+    /// Removes every fault: the store is healthy again.
+    pub fn heal(&self) {
+        self.rules().clear();
+    }
+
+    /// How many calls of `op` were made (with or without a fault).
+    pub fn calls(&self, op: Op) -> u64 {
+        self.calls[index(op)].load(Ordering::SeqCst)
+    }
+
+    /// How many calls of `op` have returned to the caller.
+    pub fn completed(&self, op: Op) -> u64 {
+        self.completed[index(op)].load(Ordering::SeqCst)
+    }
+
+    /// Calls of every operation together.
+    pub fn total_calls(&self) -> u64 {
+        OPS.iter().map(|op| self.calls(*op)).sum()
+    }
+
+    fn rules(&self) -> std::sync::MutexGuard<'_, HashMap<Op, Rule>> {
+        self.rules.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Counts the call and takes the fault in force for it, if any.
+    fn fault_for(&self, op: Op) -> Option<Fault> {
+        self.calls[index(op)].fetch_add(1, Ordering::SeqCst);
+        let mut rules = self.rules();
+        let rule = rules.get_mut(&op)?;
+        let fault = rule.fault;
+        if let Some(remaining) = rule.remaining.as_mut() {
+            *remaining -= 1;
+            if *remaining == 0 {
+                rules.remove(&op);
+            }
+        }
+        Some(fault)
+    }
+
+    async fn faulted<T: Send>(&self, op: Op, call: impl std::future::Future<Output = Result<T>> + Send) -> Result<T> {
+        let result = self.apply(op, call).await;
+        self.completed[index(op)].fetch_add(1, Ordering::SeqCst);
+        result
+    }
+
+    async fn apply<T: Send>(&self, op: Op, call: impl std::future::Future<Output = Result<T>> + Send) -> Result<T> {
+        match self.fault_for(op) {
+            None | Some(Fault::DropNotifications) => call.await,
+            Some(Fault::Delay(delay)) => {
+                tokio::time::sleep(delay).await;
+                call.await
+            }
+            Some(Fault::Fail(kind)) => Err(Error::new(kind, format!("injected {kind} fault on {op:?}"))),
+            Some(Fault::BlackHole) => std::future::pending().await,
+            Some(Fault::ApplyThenDropReply) => {
+                let _applied = call.await;
+                Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!("injected fault: {op:?} applied but its reply was lost"),
+                ))
+            }
+            Some(Fault::ApplyThenDelayReply(delay)) => {
+                let result = call.await;
+                tokio::time::sleep(delay).await;
+                result
+            }
+        }
+    }
+}
+
+fn index(op: Op) -> usize {
+    match op {
+        Op::Acquire => 0,
+        Op::Renew => 1,
+        Op::Release => 2,
+        Op::Inspect => 3,
+        Op::Watch => 4,
+    }
+}
+
+struct SilentWatch;
+
+#[async_trait]
+impl KeyWatch for SilentWatch {
+    async fn changed(&mut self) -> Result<()> {
+        std::future::pending().await
+    }
+}
+
+#[async_trait]
+impl LockBackend for FaultyBackend {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn capabilities(&self) -> &Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<FencingToken>> {
+        self.faulted(Op::Acquire, self.inner.try_acquire(request)).await
+    }
+
+    async fn acquire(&self, request: &AcquireRequest, wait: &WaitSpec) -> Result<Lease> {
+        // A fair queue lives in the store: keep it, faulting the whole wait. Otherwise
+        // poll through this wrapper so every attempt and notification can be faulted.
+        if self.inner.capabilities().fair_ordering {
+            self.faulted(Op::Acquire, self.inner.acquire(request, wait)).await
+        } else {
+            lock_core::wait::acquire_by_polling(self, request, wait).await
+        }
+    }
+
+    async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
+        self.faulted(Op::Renew, self.inner.renew(key, lease_id, ttl)).await
+    }
+
+    async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
+        self.faulted(Op::Release, self.inner.release(key, lease_id)).await
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        self.faulted(Op::Inspect, self.inner.inspect(key)).await
+    }
+
+    async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {
+        let drop_all = matches!(self.rules().get(&Op::Watch), Some(rule) if rule.fault == Fault::DropNotifications);
+        let watch = self.faulted(Op::Watch, self.inner.watch(key)).await?;
+        Ok(match watch {
+            Some(_) if drop_all => Some(Box::new(SilentWatch)),
+            other => other,
+        })
+    }
+}

@@ -1,0 +1,204 @@
+//! What a backend provides to be tested, and what every scenario gets to work with.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lock_core::{async_trait, AcquireOptions, Capabilities, DynBackend, LockClient, LockKey};
+
+use crate::faults::FaultyBackend;
+
+/// Builds clients of one store under test. Each [`connect`](Self::connect) is an
+/// independent client, as a separate process would have.
+#[async_trait]
+pub trait BackendFactory: Send + Sync + 'static {
+    /// The name in test names and the report (`memory`, `redis`, `postgres`, ...).
+    fn name(&self) -> String;
+
+    /// A new, independent client of the store.
+    async fn connect(&self) -> lock_core::Result<DynBackend>;
+
+    /// What the store still keeps for keys that start with `prefix`, apart from what the
+    /// backend's docs say it keeps for ever (such as a fencing counter). Empty when
+    /// nothing is left behind.
+    async fn residue(&self, prefix: &str) -> lock_core::Result<Vec<String>>;
+
+    /// A client configured for a store that cannot be reached (a closed port), if the
+    /// backend talks to a server at all; `None` for an embedded store.
+    async fn connect_unreachable(&self) -> Option<lock_core::Result<DynBackend>> {
+        None
+    }
+}
+
+/// Why a scenario failed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Failure(pub String);
+
+impl fmt::Debug for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<lock_core::Error> for Failure {
+    fn from(err: lock_core::Error) -> Self {
+        Failure(format!("unexpected error: {err} ({err:?})"))
+    }
+}
+
+/// A scenario's result.
+pub type Outcome = Result<(), Failure>;
+
+/// Fails the scenario with a formatted message unless the condition holds.
+#[macro_export]
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err($crate::Failure(format!($($msg)+)));
+        }
+    };
+}
+
+/// Unwraps an expected error of a given kind, or fails the scenario.
+pub fn expect_kind<T: fmt::Debug>(result: lock_core::Result<T>, kind: lock_core::ErrorKind, what: &str) -> Result<lock_core::Error, Failure> {
+    match result {
+        Err(err) if err.kind() == kind => Ok(err),
+        Err(err) => Err(Failure(format!("{what}: expected a {kind:?} error, got {err} ({err:?})"))),
+        Ok(value) => Err(Failure(format!("{what}: expected a {kind:?} error, got Ok({value:?})"))),
+    }
+}
+
+/// Timer and scheduler lateness tolerated on top of every time bound. Generous for a
+/// loaded two-core machine, yet far below the intervals the scenarios measure.
+pub const SLACK: Duration = Duration::from_millis(300);
+
+/// One scenario's view of the backend under test: a private key prefix, fresh clients, and
+/// the keys it used (released again after the scenario, whatever its outcome).
+pub struct Ctx {
+    factory: Arc<dyn BackendFactory>,
+    capabilities: Capabilities,
+    prefix: String,
+    keys: Mutex<Vec<LockKey>>,
+}
+
+impl Ctx {
+    /// A context with a random key prefix.
+    pub fn new(factory: Arc<dyn BackendFactory>, capabilities: Capabilities) -> Self {
+        Ctx {
+            factory,
+            capabilities,
+            prefix: format!("dlct-{:016x}/", fastrand::u64(..)),
+            keys: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The backend's declared capabilities.
+    pub fn capabilities(&self) -> &Capabilities {
+        &self.capabilities
+    }
+
+    /// The factory under test.
+    pub fn factory(&self) -> &Arc<dyn BackendFactory> {
+        &self.factory
+    }
+
+    /// This run's key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// A key under this run's prefix, remembered for cleanup.
+    pub fn key(&self, name: &str) -> String {
+        let key = format!("{}{name}", self.prefix);
+        if let Ok(parsed) = LockKey::new(&key) {
+            self.keys.lock().unwrap_or_else(|p| p.into_inner()).push(parsed);
+        }
+        key
+    }
+
+    /// A new independent backend client.
+    pub async fn backend(&self) -> Result<DynBackend, Failure> {
+        Ok(self.factory.connect().await?)
+    }
+
+    /// A new independent client with the suite's default options.
+    pub async fn client(&self) -> Result<LockClient, Failure> {
+        Ok(LockClient::from_dyn(self.backend().await?).with_defaults(self.options()))
+    }
+
+    /// A new client wrapped in a fault injector (returned too, to steer it).
+    pub async fn faulty_client(&self) -> Result<(LockClient, Arc<FaultyBackend>), Failure> {
+        let faulty = FaultyBackend::new(self.backend().await?);
+        let client = LockClient::from_dyn(faulty.clone()).with_defaults(self.options());
+        Ok((client, faulty))
+    }
+
+    /// Default options: a long TTL (scenarios that need expiry ask for [`short_ttl`]).
+    ///
+    /// [`short_ttl`]: Self::short_ttl
+    pub fn options(&self) -> AcquireOptions {
+        AcquireOptions {
+            ttl: self.long_ttl(),
+            ..AcquireOptions::default()
+        }
+    }
+
+    /// The shortest TTL the scenarios rely on: long enough for a round trip and timer
+    /// lateness, short enough to wait out many times.
+    pub fn short_ttl(&self) -> Duration {
+        Duration::from_millis(400)
+            .max(self.capabilities.min_ttl)
+            .max(self.capabilities.ttl_granularity * 2)
+    }
+
+    /// A TTL no scenario waits out.
+    pub fn long_ttl(&self) -> Duration {
+        Duration::from_secs(60).min(self.capabilities.max_ttl)
+    }
+
+    /// Releases whatever live lease the scenario's keys still have.
+    pub async fn cleanup(&self) {
+        let keys = std::mem::take(&mut *self.keys.lock().unwrap_or_else(|p| p.into_inner()));
+        let Ok(backend) = self.factory.connect().await else {
+            return;
+        };
+        for key in keys {
+            if let Ok(Some(info)) = backend.inspect(&key).await {
+                let _ = backend.release(&key, info.lease_id).await;
+            }
+        }
+    }
+}
+
+/// Polls `check` until it returns `true` or `within` passes: waiting on an observable
+/// event with a deadline, never a bare sleep.
+pub async fn eventually<F, Fut>(within: Duration, what: &str, mut check: F) -> Outcome
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<bool, Failure>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if check().await? {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(Failure(format!("{what}: not true within {within:?}")));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Runs `future`, failing the scenario if it takes longer than `within`.
+pub async fn within<T>(within: Duration, what: &str, future: impl std::future::IntoFuture<Output = T>) -> Result<T, Failure> {
+    tokio::time::timeout(within, future)
+        .await
+        .map_err(|_| Failure(format!("{what}: did not finish within {within:?}")))
+}

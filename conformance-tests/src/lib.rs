@@ -1,0 +1,33 @@
+//! The distlock conformance suite: one set of safety scenarios that every backend must
+//! pass, plus the fault injection they rely on.
+//!
+//! Every scenario is a public `async fn(&Ctx) -> Outcome` in [`scenarios`], over a
+//! [`BackendFactory`] that makes independent clients of the store under test. A backend's
+//! test target is a few lines:
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use conformance_tests::{run_suite, BackendFactory, MemoryFactory};
+//!
+//! fn main() -> std::process::ExitCode {
+//!     run_suite(|| async { Ok(vec![Arc::new(MemoryFactory::new()) as Arc<dyn BackendFactory>]) })
+//! }
+//! ```
+//!
+//! Faults are injected two ways: [`FaultyBackend`] wraps any backend and delays, fails,
+//! silences, or applies-then-drops-the-reply of chosen operations; [`proxy::TcpFaultProxy`]
+//! sits between a client and a real store to simulate partitions. [`store_process`]
+//! starts private store servers on free loopback ports and can pause, kill and restart them.
+
+pub mod faults;
+pub mod harness;
+mod memory;
+pub mod proxy;
+mod runner;
+pub mod scenarios;
+pub mod store_process;
+
+pub use faults::{Fault, FaultyBackend, Op};
+pub use harness::{eventually, expect_kind, within, BackendFactory, Ctx, Failure, Outcome, SLACK};
+pub use memory::MemoryFactory;
+pub use runner::run_suite;

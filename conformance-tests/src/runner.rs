@@ -1,0 +1,118 @@
+//! Runs the scenarios as libtest-mimic trials and prints who passed what.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use libtest_mimic::{Arguments, Failed, Trial};
+
+use crate::harness::{BackendFactory, Ctx};
+use crate::scenarios::ALL;
+
+/// The longest one scenario may run before it counts as hung.
+const SCENARIO_LIMIT: Duration = Duration::from_secs(120);
+
+#[derive(Clone, Debug)]
+enum Status {
+    NotRun,
+    Passed,
+    Failed,
+    NotApplicable(&'static str),
+}
+
+/// Builds the factories with `setup` on the suite's runtime, registers every applicable
+/// scenario for each as `conformance::<scenario>` (the backend is the test's kind), runs
+/// the ones the command line selects, and prints a scenario x backend summary.
+///
+/// A factory that cannot be built (a missing server binary, say) fails the run: a backend
+/// is never skipped silently.
+pub fn run_suite<F, Fut>(setup: F) -> ExitCode
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = Result<Vec<Arc<dyn BackendFactory>>, String>>,
+{
+    let args = Arguments::from_args();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build() {
+        Ok(runtime) => Arc::new(runtime),
+        Err(err) => {
+            eprintln!("cannot start the runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let factories = match runtime.block_on(setup()) {
+        Ok(factories) => factories,
+        Err(err) => {
+            eprintln!("conformance setup failed: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let report: Arc<Mutex<BTreeMap<(String, &'static str), Status>>> = Arc::default();
+    let mut trials = Vec::new();
+    for factory in &factories {
+        let backend = factory.name();
+        let (caps, has_unreachable) = match runtime.block_on(probe(factory.as_ref())) {
+            Ok(probed) => probed,
+            Err(err) => {
+                eprintln!("cannot connect to {backend}: {err}");
+                return ExitCode::FAILURE;
+            }
+        };
+        for scenario in ALL {
+            let slot = (backend.clone(), scenario.name);
+            if let Err(reason) = scenario.needs.check(&caps, has_unreachable) {
+                lock(&report).insert(slot, Status::NotApplicable(reason));
+                continue;
+            }
+            lock(&report).insert(slot.clone(), Status::NotRun);
+            let (runtime, factory, caps, report) = (runtime.clone(), factory.clone(), caps.clone(), report.clone());
+            let trial = Trial::test(format!("conformance::{}", scenario.name), move || {
+                let ctx = Ctx::new(factory, caps);
+                let outcome = runtime.block_on(async {
+                    let outcome = tokio::time::timeout(SCENARIO_LIMIT, (scenario.run)(&ctx)).await;
+                    ctx.cleanup().await;
+                    outcome
+                });
+                let (status, result) = match outcome {
+                    Ok(Ok(())) => (Status::Passed, Ok(())),
+                    Ok(Err(failure)) => (Status::Failed, Err(Failed::from(failure.0))),
+                    Err(_) => (Status::Failed, Err(Failed::from(format!("hung for {SCENARIO_LIMIT:?}")))),
+                };
+                lock(&report).insert(slot, status);
+                result
+            })
+            .with_kind(backend.clone());
+            trials.push(trial);
+        }
+    }
+    let conclusion = libtest_mimic::run(&args, trials);
+    print_summary(&lock(&report));
+    conclusion.exit_code()
+}
+
+async fn probe(factory: &dyn BackendFactory) -> lock_core::Result<(lock_core::Capabilities, bool)> {
+    let backend = factory.connect().await?;
+    let has_unreachable = factory.connect_unreachable().await.is_some();
+    Ok((backend.capabilities().clone(), has_unreachable))
+}
+
+fn print_summary(report: &BTreeMap<(String, &'static str), Status>) {
+    let width = ALL.iter().map(|s| s.name.len()).max().unwrap_or(0);
+    println!("\nconformance summary (scenario x backend):");
+    for scenario in ALL {
+        for ((backend, name), status) in report.iter().filter(|((_, n), _)| *n == scenario.name) {
+            let shown = match status {
+                Status::NotRun => "not run (filtered out)".to_string(),
+                Status::Passed => "pass".to_string(),
+                Status::Failed => "FAIL".to_string(),
+                Status::NotApplicable(why) => format!("not applicable: {why}"),
+            };
+            println!("  {name:<width$}  {backend:<12} {shown}");
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -1,0 +1,165 @@
+//! Try-lock, bounded waits, prompt wake-ups and fair queues.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lock_core::{AcquireOptions, Backoff, ErrorKind, LockKey};
+
+use crate::ensure;
+use crate::faults::{Fault, FaultyBackend, Op};
+use crate::harness::{eventually, expect_kind, within, Ctx, Failure, Outcome, SLACK};
+
+/// A try-lock on a held key fails at once with "held by another".
+pub async fn try_lock_returns_at_once(ctx: &Ctx) -> Outcome {
+    let key = ctx.key("try-lock");
+    let (holder, rival) = (ctx.client().await?, ctx.client().await?);
+    let guard = holder.lock(&key).await?;
+    let started = Instant::now();
+    let err = expect_kind(rival.try_lock(&key).await, ErrorKind::HeldByAnother, "try-lock of a held key")?;
+    ensure!(started.elapsed() < SLACK, "try-lock took {:?}", started.elapsed());
+    ensure!(err.is_retryable(), "held-by-another must be retryable");
+    ensure!(guard.release().await?, "holder lost its lease");
+    ensure!(rival.inspect(&key).await?.is_none(), "the failed try-lock left a hold behind");
+    Ok(())
+}
+
+/// A bounded wait on a held key ends with "timed out" within the bound plus slack and
+/// leaves nothing behind.
+pub async fn bounded_wait_times_out(ctx: &Ctx) -> Outcome {
+    let key = ctx.key("bounded-wait");
+    let bound = Duration::from_millis(400);
+    let (holder, waiter) = (ctx.client().await?, ctx.client().await?);
+    let guard = holder.lock(&key).await?;
+    let started = Instant::now();
+    expect_kind(waiter.lock(&key).wait_up_to(bound).await, ErrorKind::TimedOut, "bounded wait")?;
+    let waited = started.elapsed();
+    ensure!(waited >= bound, "gave up after {waited:?}, before the bound of {bound:?}");
+    ensure!(waited <= bound + SLACK, "gave up after {waited:?}, bound {bound:?}");
+    ensure!(guard.release().await?, "holder lost its lease");
+    ensure!(waiter.inspect(&key).await?.is_none(), "the timed-out waiter left a hold behind");
+    let residue = ctx.factory().residue(&key).await?;
+    ensure!(residue.is_empty(), "the timed-out waiter left state behind: {residue:?}");
+    Ok(())
+}
+
+/// Waits until the waiter behind `faulty` has made an attempt that found the key held,
+/// so the release that follows really has to wake it.
+async fn until_waiting(ctx: &Ctx, faulty: &FaultyBackend, key: &str, before: u64) -> Outcome {
+    if ctx.capabilities().fair_ordering {
+        let (observer, key) = (ctx.backend().await?, LockKey::new(key)?);
+        eventually(SLACK * 10, "the waiter queues", || async {
+            Ok(observer.inspect(&key).await?.and_then(|info| info.waiters).is_some_and(|n| n > 0))
+        })
+        .await
+    } else {
+        eventually(SLACK * 10, "the waiter's first attempt", || async { Ok(faulty.completed(Op::Acquire) > before) })
+            .await
+    }
+}
+
+/// A waiter gets the key promptly after release: within the notification path's latency
+/// where the store notifies (the fallback poll is set far longer), or within one poll
+/// interval where it does not.
+pub async fn waiter_wakes_promptly_after_release(ctx: &Ctx) -> Outcome {
+    let key = ctx.key("wake");
+    let holder = ctx.client().await?;
+    let (waiter, faulty) = ctx.faulty_client().await?;
+    let guard = holder.lock(&key).await?;
+    let backoff = if ctx.capabilities().native_notification {
+        Backoff { initial: Duration::from_secs(5), max: Duration::from_secs(5) }
+    } else {
+        Backoff::default()
+    };
+    let options = AcquireOptions { backoff, ..ctx.options() };
+    let before = faulty.completed(Op::Acquire);
+    let task = tokio::spawn({
+        let key = key.clone();
+        async move { waiter.lock(&key).options(options).await.map(|g| (g, Instant::now())) }
+    });
+    until_waiting(ctx, &faulty, &key, before).await?;
+    let released_at = Instant::now();
+    ensure!(guard.release().await?, "holder lost its lease");
+    let bound = if ctx.capabilities().native_notification { SLACK } else { backoff.max + SLACK };
+    let (got, got_at) = within(bound + Duration::from_secs(5), "waiter", task)
+        .await?
+        .map_err(|e| Failure(format!("waiter task failed: {e}")))??;
+    let latency = got_at - released_at;
+    ensure!(latency <= bound, "the waiter took {latency:?} after the release (bound {bound:?})");
+    got.release().await?;
+    Ok(())
+}
+
+/// A waiter still gets the key when the release notification is lost: the fallback poll
+/// bounded by the backoff cap covers it.
+pub async fn waiter_wakes_despite_dropped_notification(ctx: &Ctx) -> Outcome {
+    let key = ctx.key("dropped-notification");
+    let holder = ctx.client().await?;
+    let (waiter, faulty) = ctx.faulty_client().await?;
+    faulty.inject(Op::Watch, Fault::DropNotifications);
+    let guard = holder.lock(&key).await?;
+    let backoff = Backoff { initial: Duration::from_millis(300), max: Duration::from_millis(300) };
+    let options = AcquireOptions { backoff, ..ctx.options() };
+    let before = faulty.completed(Op::Acquire);
+    let task = tokio::spawn({
+        let key = key.clone();
+        async move { waiter.lock(&key).options(options).await.map(|g| (g, Instant::now())) }
+    });
+    until_waiting(ctx, &faulty, &key, before).await?;
+    ensure!(faulty.calls(Op::Watch) > 0, "the waiter never subscribed to notifications");
+    let released_at = Instant::now();
+    ensure!(guard.release().await?, "holder lost its lease");
+    let (got, got_at) = within(backoff.max + SLACK, "waiter without notification", task)
+        .await?
+        .map_err(|e| Failure(format!("waiter task failed: {e}")))??;
+    ensure!(got_at - released_at <= backoff.max + SLACK, "the waiter took {:?}", got_at - released_at);
+    got.release().await?;
+    Ok(())
+}
+
+/// Waiters get the key in arrival order; one that dies while queued is skipped and leaves
+/// no trace.
+pub async fn fifo_order_with_dead_waiter(ctx: &Ctx) -> Outcome {
+    let key = ctx.key("fifo");
+    let lock_key = LockKey::new(&key)?;
+    let holder = ctx.client().await?;
+    let observer = ctx.backend().await?;
+    let guard = holder.lock(&key).await?;
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for name in ["first", "dies", "third"] {
+        let client = ctx.client().await?;
+        let (key, order) = (key.clone(), order.clone());
+        waiters.push(tokio::spawn(async move {
+            let guard = client.lock(&key).await?;
+            order.lock().unwrap_or_else(|p| p.into_inner()).push(name);
+            guard.release().await?;
+            Ok::<(), Failure>(())
+        }));
+        let queued = waiters.len();
+        eventually(Duration::from_secs(5), "waiter queued", || async {
+            let info = observer.inspect(&lock_key).await?;
+            Ok(info.and_then(|i| i.waiters).is_some_and(|n| n >= queued))
+        })
+        .await?;
+    }
+    waiters[1].abort();
+    eventually(Duration::from_secs(5), "dead waiter leaves the queue", || async {
+        let info = observer.inspect(&lock_key).await?;
+        Ok(info.and_then(|i| i.waiters) == Some(2))
+    })
+    .await?;
+    guard.release().await?;
+    for (index, waiter) in waiters.into_iter().enumerate() {
+        if index == 1 {
+            continue;
+        }
+        within(Duration::from_secs(10), "queued waiter", waiter)
+            .await?
+            .map_err(|e| Failure(format!("waiter task failed: {e}")))??;
+    }
+    let order = order.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    ensure!(order == vec!["first", "third"], "grant order was {order:?}");
+    let residue = ctx.factory().residue(&key).await?;
+    ensure!(residue.is_empty(), "the queue left state behind: {residue:?}");
+    Ok(())
+}
