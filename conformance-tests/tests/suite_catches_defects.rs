@@ -1,0 +1,182 @@
+//! The suite proves it can fail: deliberately broken variants of the in-memory backend
+//! must each be caught by the scenarios named for them.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use conformance_tests::scenarios::ALL;
+use conformance_tests::{BackendFactory, Ctx};
+use lock_core::{
+    async_trait, AcquireRequest, Capabilities, DynBackend, FencingToken, LeaseId, LockBackend, LockInfo, LockKey,
+    MemoryBackend, Result,
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Defect {
+    /// Release removes whatever lease holds the key.
+    ReleaseWithoutOwnerCheck,
+    /// Renewing an expired lease grants it again.
+    RenewalAfterExpiry,
+    /// A new owner gets the previous owner's token.
+    TokenNotIncrementedOnTakeover,
+    /// A retried acquire whose first reply was lost finds "its" key held.
+    LostReplyTreatedAsFailure,
+}
+
+#[derive(Debug)]
+struct Defective {
+    inner: MemoryBackend,
+    defect: Defect,
+    last_grant: Arc<Mutex<HashMap<LockKey, (LeaseId, FencingToken)>>>,
+}
+
+#[async_trait]
+impl LockBackend for Defective {
+    fn name(&self) -> &'static str {
+        "defective"
+    }
+
+    fn capabilities(&self) -> &Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<FencingToken>> {
+        match self.defect {
+            Defect::LostReplyTreatedAsFailure => {
+                let holder = self.inner.inspect(request.key()).await?;
+                if holder.is_some_and(|info| info.lease_id == request.lease_id()) {
+                    return Ok(None);
+                }
+                self.inner.try_acquire(request).await
+            }
+            Defect::TokenNotIncrementedOnTakeover => {
+                let Some(token) = self.inner.try_acquire(request).await? else { return Ok(None) };
+                let mut grants = self.last_grant.lock().unwrap();
+                let token = match grants.get(request.key()) {
+                    Some((_, previous)) => *previous,
+                    None => token,
+                };
+                grants.insert(request.key().clone(), (request.lease_id(), token));
+                Ok(Some(token))
+            }
+            _ => self.inner.try_acquire(request).await,
+        }
+    }
+
+    async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
+        let renewed = self.inner.renew(key, lease_id, ttl).await?;
+        if !renewed && self.defect == Defect::RenewalAfterExpiry {
+            let request = AcquireRequest::new(key.clone(), ttl, Duration::ZERO).with_lease_id(lease_id);
+            return Ok(self.inner.try_acquire(&request).await?.is_some());
+        }
+        Ok(renewed)
+    }
+
+    async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
+        if self.defect == Defect::ReleaseWithoutOwnerCheck {
+            if let Some(holder) = self.inner.inspect(key).await? {
+                return self.inner.release(key, holder.lease_id).await;
+            }
+        }
+        self.inner.release(key, lease_id).await
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        self.inner.inspect(key).await
+    }
+}
+
+struct DefectiveFactory {
+    store: MemoryBackend,
+    defect: Defect,
+    last_grant: Arc<Mutex<HashMap<LockKey, (LeaseId, FencingToken)>>>,
+}
+
+#[async_trait]
+impl BackendFactory for DefectiveFactory {
+    fn name(&self) -> String {
+        format!("{:?}", self.defect)
+    }
+
+    async fn connect(&self) -> Result<DynBackend> {
+        Ok(Arc::new(Defective {
+            inner: self.store.clone(),
+            defect: self.defect,
+            last_grant: self.last_grant.clone(),
+        }))
+    }
+
+    async fn residue(&self, prefix: &str) -> Result<Vec<String>> {
+        Ok(self.store.stored_keys().into_iter().map(|k| k.to_string()).filter(|k| k.starts_with(prefix)).collect())
+    }
+}
+
+/// Runs every scenario on the defective backend and returns the names of those that failed.
+fn failing_scenarios(defect: Defect) -> BTreeSet<&'static str> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let factory: Arc<dyn BackendFactory> = Arc::new(DefectiveFactory {
+        store: MemoryBackend::new(),
+        defect,
+        last_grant: Arc::default(),
+    });
+    runtime.block_on(async {
+        let caps = factory.connect().await.unwrap().capabilities().clone();
+        let mut runs = tokio::task::JoinSet::new();
+        for scenario in ALL.iter().filter(|s| s.needs.check(&caps, false).is_ok()) {
+            let (factory, caps) = (factory.clone(), caps.clone());
+            runs.spawn(async move {
+                let ctx = Ctx::new(factory, caps);
+                let outcome = tokio::time::timeout(Duration::from_secs(60), (scenario.run)(&ctx)).await;
+                ctx.cleanup().await;
+                (scenario.name, matches!(outcome, Ok(Ok(()))))
+            });
+        }
+        let mut failed = BTreeSet::new();
+        while let Some(done) = runs.join_next().await {
+            let (name, passed) = done.unwrap();
+            if !passed {
+                failed.insert(name);
+            }
+        }
+        failed
+    })
+}
+
+fn assert_caught(defect: Defect, expected: &[&str]) {
+    let failed = failing_scenarios(defect);
+    for name in expected {
+        assert!(failed.contains(name), "{defect:?} was not caught by {name}; failing scenarios: {failed:?}");
+    }
+}
+
+#[test]
+fn release_without_owner_check_is_caught() {
+    assert_caught(
+        Defect::ReleaseWithoutOwnerCheck,
+        &["only_the_owner_releases", "release_is_idempotent", "expiry_then_takeover"],
+    );
+}
+
+#[test]
+fn renewal_after_expiry_is_caught() {
+    assert_caught(Defect::RenewalAfterExpiry, &["expired_lease_is_lost_even_if_untaken"]);
+}
+
+#[test]
+fn token_not_incremented_on_takeover_is_caught() {
+    assert_caught(
+        Defect::TokenNotIncrementedOnTakeover,
+        &[
+            "tokens_strictly_increase",
+            "history_is_serial_with_increasing_tokens",
+            "stale_holder_is_fenced_out",
+            "expiry_then_takeover",
+        ],
+    );
+}
+
+#[test]
+fn lost_reply_treated_as_failure_is_caught() {
+    assert_caught(Defect::LostReplyTreatedAsFailure, &["ambiguous_acquire_resolves_on_retry"]);
+}
