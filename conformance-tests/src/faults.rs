@@ -77,7 +77,13 @@ impl FaultyBackend {
 
     /// Applies `fault` to every later call of `op`.
     pub fn inject(&self, op: Op, fault: Fault) {
-        self.rules().insert(op, Rule { fault, remaining: None });
+        self.rules().insert(
+            op,
+            Rule {
+                fault,
+                remaining: None,
+            },
+        );
     }
 
     /// Applies `fault` to the next `times` calls of `op` only.
@@ -112,7 +118,9 @@ impl FaultyBackend {
     }
 
     fn rules(&self) -> std::sync::MutexGuard<'_, HashMap<Op, Rule>> {
-        self.rules.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.rules
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Counts the call and takes the fault in force for it, if any.
@@ -130,20 +138,30 @@ impl FaultyBackend {
         Some(fault)
     }
 
-    async fn faulted<T: Send>(&self, op: Op, call: impl std::future::Future<Output = Result<T>> + Send) -> Result<T> {
+    async fn faulted<T: Send>(
+        &self,
+        op: Op,
+        call: impl std::future::Future<Output = Result<T>> + Send,
+    ) -> Result<T> {
         let result = self.apply(op, call).await;
         self.completed[index(op)].fetch_add(1, Ordering::SeqCst);
         result
     }
 
-    async fn apply<T: Send>(&self, op: Op, call: impl std::future::Future<Output = Result<T>> + Send) -> Result<T> {
+    async fn apply<T: Send>(
+        &self,
+        op: Op,
+        call: impl std::future::Future<Output = Result<T>> + Send,
+    ) -> Result<T> {
         match self.fault_for(op) {
             None | Some(Fault::DropNotifications) => call.await,
             Some(Fault::Delay(delay)) => {
                 tokio::time::sleep(delay).await;
                 call.await
             }
-            Some(Fault::Fail(kind)) => Err(Error::new(kind, format!("injected {kind} fault on {op:?}"))),
+            Some(Fault::Fail(kind)) => {
+                Err(Error::new(kind, format!("injected {kind} fault on {op:?}")))
+            }
             Some(Fault::BlackHole) => std::future::pending().await,
             Some(Fault::ApplyThenDropReply) => {
                 let _applied = call.await;
@@ -191,25 +209,29 @@ impl LockBackend for FaultyBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<FencingToken>> {
-        self.faulted(Op::Acquire, self.inner.try_acquire(request)).await
+        self.faulted(Op::Acquire, self.inner.try_acquire(request))
+            .await
     }
 
     async fn acquire(&self, request: &AcquireRequest, wait: &WaitSpec) -> Result<Lease> {
         // A fair queue lives in the store: keep it, faulting the whole wait. Otherwise
         // poll through this wrapper so every attempt and notification can be faulted.
         if self.inner.capabilities().fair_ordering {
-            self.faulted(Op::Acquire, self.inner.acquire(request, wait)).await
+            self.faulted(Op::Acquire, self.inner.acquire(request, wait))
+                .await
         } else {
             lock_core::wait::acquire_by_polling(self, request, wait).await
         }
     }
 
     async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
-        self.faulted(Op::Renew, self.inner.renew(key, lease_id, ttl)).await
+        self.faulted(Op::Renew, self.inner.renew(key, lease_id, ttl))
+            .await
     }
 
     async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
-        self.faulted(Op::Release, self.inner.release(key, lease_id)).await
+        self.faulted(Op::Release, self.inner.release(key, lease_id))
+            .await
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {

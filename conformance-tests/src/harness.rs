@@ -67,11 +67,19 @@ macro_rules! ensure {
 }
 
 /// Unwraps an expected error of a given kind, or fails the scenario.
-pub fn expect_kind<T: fmt::Debug>(result: lock_core::Result<T>, kind: lock_core::ErrorKind, what: &str) -> Result<lock_core::Error, Failure> {
+pub fn expect_kind<T: fmt::Debug>(
+    result: lock_core::Result<T>,
+    kind: lock_core::ErrorKind,
+    what: &str,
+) -> Result<lock_core::Error, Failure> {
     match result {
         Err(err) if err.kind() == kind => Ok(err),
-        Err(err) => Err(Failure(format!("{what}: expected a {kind:?} error, got {err} ({err:?})"))),
-        Ok(value) => Err(Failure(format!("{what}: expected a {kind:?} error, got Ok({value:?})"))),
+        Err(err) => Err(Failure(format!(
+            "{what}: expected a {kind:?} error, got {err} ({err:?})"
+        ))),
+        Ok(value) => Err(Failure(format!(
+            "{what}: expected a {kind:?} error, got Ok({value:?})"
+        ))),
     }
 }
 
@@ -118,7 +126,10 @@ impl Ctx {
     pub fn key(&self, name: &str) -> String {
         let key = format!("{}{name}", self.prefix);
         if let Ok(parsed) = LockKey::new(&key) {
-            self.keys.lock().unwrap_or_else(|p| p.into_inner()).push(parsed);
+            self.keys
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(parsed);
         }
         key
     }
@@ -197,7 +208,11 @@ where
 }
 
 /// Runs `future`, failing the scenario if it takes longer than `within`.
-pub async fn within<T>(within: Duration, what: &str, future: impl std::future::IntoFuture<Output = T>) -> Result<T, Failure> {
+pub async fn within<T>(
+    within: Duration,
+    what: &str,
+    future: impl std::future::IntoFuture<Output = T>,
+) -> Result<T, Failure> {
     tokio::time::timeout(within, future)
         .await
         .map_err(|_| Failure(format!("{what}: did not finish within {within:?}")))

@@ -14,12 +14,18 @@ pub struct MemoryFactory {
 impl MemoryFactory {
     /// A factory over a fresh store whose waiters poll with notifications.
     pub fn new() -> Self {
-        MemoryFactory { store: MemoryBackend::new(), name: "memory" }
+        MemoryFactory {
+            store: MemoryBackend::new(),
+            name: "memory",
+        }
     }
 
     /// A factory over a fresh store with fair (FIFO) waiting.
     pub fn fair() -> Self {
-        MemoryFactory { store: MemoryBackend::fair(), name: "memory-fair" }
+        MemoryFactory {
+            store: MemoryBackend::fair(),
+            name: "memory-fair",
+        }
     }
 }
 

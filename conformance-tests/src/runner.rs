@@ -34,7 +34,11 @@ where
     Fut: Future<Output = Result<Vec<Arc<dyn BackendFactory>>, String>>,
 {
     let args = Arguments::from_args();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => Arc::new(runtime),
         Err(err) => {
             eprintln!("cannot start the runtime: {err}");
@@ -66,7 +70,12 @@ where
                 continue;
             }
             lock(&report).insert(slot.clone(), Status::NotRun);
-            let (runtime, factory, caps, report) = (runtime.clone(), factory.clone(), caps.clone(), report.clone());
+            let (runtime, factory, caps, report) = (
+                runtime.clone(),
+                factory.clone(),
+                caps.clone(),
+                report.clone(),
+            );
             let trial = Trial::test(format!("conformance::{}", scenario.name), move || {
                 let ctx = Ctx::new(factory, caps);
                 let outcome = runtime.block_on(async {
@@ -77,7 +86,10 @@ where
                 let (status, result) = match outcome {
                     Ok(Ok(())) => (Status::Passed, Ok(())),
                     Ok(Err(failure)) => (Status::Failed, Err(Failed::from(failure.0))),
-                    Err(_) => (Status::Failed, Err(Failed::from(format!("hung for {SCENARIO_LIMIT:?}")))),
+                    Err(_) => (
+                        Status::Failed,
+                        Err(Failed::from(format!("hung for {SCENARIO_LIMIT:?}"))),
+                    ),
                 };
                 lock(&report).insert(slot, status);
                 result

@@ -1,6 +1,8 @@
 //! The suite proves it can fail: deliberately broken variants of the in-memory backend
 //! must each be caught by the scenarios named for them.
 
+#![allow(clippy::unwrap_used)]
+
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -8,8 +10,8 @@ use std::time::Duration;
 use conformance_tests::scenarios::ALL;
 use conformance_tests::{BackendFactory, Ctx};
 use lock_core::{
-    async_trait, AcquireRequest, Capabilities, DynBackend, FencingToken, LeaseId, LockBackend, LockInfo, LockKey,
-    MemoryBackend, Result,
+    async_trait, AcquireRequest, Capabilities, DynBackend, FencingToken, LeaseId, LockBackend,
+    LockInfo, LockKey, MemoryBackend, Result,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,7 +53,9 @@ impl LockBackend for Defective {
                 self.inner.try_acquire(request).await
             }
             Defect::TokenNotIncrementedOnTakeover => {
-                let Some(token) = self.inner.try_acquire(request).await? else { return Ok(None) };
+                let Some(token) = self.inner.try_acquire(request).await? else {
+                    return Ok(None);
+                };
                 let mut grants = self.last_grant.lock().unwrap();
                 let token = match grants.get(request.key()) {
                     Some((_, previous)) => *previous,
@@ -67,7 +71,8 @@ impl LockBackend for Defective {
     async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
         let renewed = self.inner.renew(key, lease_id, ttl).await?;
         if !renewed && self.defect == Defect::RenewalAfterExpiry {
-            let request = AcquireRequest::new(key.clone(), ttl, Duration::ZERO).with_lease_id(lease_id);
+            let request =
+                AcquireRequest::new(key.clone(), ttl, Duration::ZERO).with_lease_id(lease_id);
             return Ok(self.inner.try_acquire(&request).await?.is_some());
         }
         Ok(renewed)
@@ -108,13 +113,22 @@ impl BackendFactory for DefectiveFactory {
     }
 
     async fn residue(&self, prefix: &str) -> Result<Vec<String>> {
-        Ok(self.store.stored_keys().into_iter().map(|k| k.to_string()).filter(|k| k.starts_with(prefix)).collect())
+        Ok(self
+            .store
+            .stored_keys()
+            .into_iter()
+            .map(|k| k.to_string())
+            .filter(|k| k.starts_with(prefix))
+            .collect())
     }
 }
 
 /// Runs every scenario on the defective backend and returns the names of those that failed.
 fn failing_scenarios(defect: Defect) -> BTreeSet<&'static str> {
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let factory: Arc<dyn BackendFactory> = Arc::new(DefectiveFactory {
         store: MemoryBackend::new(),
         defect,
@@ -127,7 +141,8 @@ fn failing_scenarios(defect: Defect) -> BTreeSet<&'static str> {
             let (factory, caps) = (factory.clone(), caps.clone());
             runs.spawn(async move {
                 let ctx = Ctx::new(factory, caps);
-                let outcome = tokio::time::timeout(Duration::from_secs(60), (scenario.run)(&ctx)).await;
+                let outcome =
+                    tokio::time::timeout(Duration::from_secs(60), (scenario.run)(&ctx)).await;
                 ctx.cleanup().await;
                 (scenario.name, matches!(outcome, Ok(Ok(()))))
             });
@@ -146,7 +161,10 @@ fn failing_scenarios(defect: Defect) -> BTreeSet<&'static str> {
 fn assert_caught(defect: Defect, expected: &[&str]) {
     let failed = failing_scenarios(defect);
     for name in expected {
-        assert!(failed.contains(name), "{defect:?} was not caught by {name}; failing scenarios: {failed:?}");
+        assert!(
+            failed.contains(name),
+            "{defect:?} was not caught by {name}; failing scenarios: {failed:?}"
+        );
     }
 }
 
@@ -154,13 +172,20 @@ fn assert_caught(defect: Defect, expected: &[&str]) {
 fn release_without_owner_check_is_caught() {
     assert_caught(
         Defect::ReleaseWithoutOwnerCheck,
-        &["only_the_owner_releases", "release_is_idempotent", "expiry_then_takeover"],
+        &[
+            "only_the_owner_releases",
+            "release_is_idempotent",
+            "expiry_then_takeover",
+        ],
     );
 }
 
 #[test]
 fn renewal_after_expiry_is_caught() {
-    assert_caught(Defect::RenewalAfterExpiry, &["expired_lease_is_lost_even_if_untaken"]);
+    assert_caught(
+        Defect::RenewalAfterExpiry,
+        &["expired_lease_is_lost_even_if_untaken"],
+    );
 }
 
 #[test]
@@ -178,5 +203,8 @@ fn token_not_incremented_on_takeover_is_caught() {
 
 #[test]
 fn lost_reply_treated_as_failure_is_caught() {
-    assert_caught(Defect::LostReplyTreatedAsFailure, &["ambiguous_acquire_resolves_on_retry"]);
+    assert_caught(
+        Defect::LostReplyTreatedAsFailure,
+        &["ambiguous_acquire_resolves_on_retry"],
+    );
 }

@@ -107,7 +107,13 @@ mod tests {
             ttl_granularity: Duration::from_secs(1),
             ..Capabilities::default()
         };
-        assert_eq!(caps.store_ttl(Duration::from_millis(1500)), Duration::from_secs(2));
-        assert_eq!(caps.store_ttl(Duration::from_secs(3)), Duration::from_secs(3));
+        assert_eq!(
+            caps.store_ttl(Duration::from_millis(1500)),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            caps.store_ttl(Duration::from_secs(3)),
+            Duration::from_secs(3)
+        );
     }
 }

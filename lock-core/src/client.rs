@@ -85,7 +85,12 @@ impl LockClient {
     /// Who holds `key` right now.
     pub async fn inspect(&self, key: impl AsRef<str>) -> Result<Option<LockInfo>> {
         let key = LockKey::new(key)?;
-        crate::backend::with_timeout(self.defaults.request_timeout, "inspect", self.backend.inspect(&key)).await
+        crate::backend::with_timeout(
+            self.defaults.request_timeout,
+            "inspect",
+            self.backend.inspect(&key),
+        )
+        .await
     }
 
     /// A reentrant owner: locks taken through it (and its clones) can be taken again
@@ -94,9 +99,16 @@ impl LockClient {
         LockOwner::new(self.clone())
     }
 
-    pub(crate) async fn acquire_guard(&self, key: LockKey, options: AcquireOptions) -> Result<LockGuard> {
+    pub(crate) async fn acquire_guard(
+        &self,
+        key: LockKey,
+        options: AcquireOptions,
+    ) -> Result<LockGuard> {
         let lease = acquire_lease(&self.backend, key, &options).await?;
-        Ok(LockGuard::new(HeldLock::start(self.backend.clone(), lease, options), None))
+        Ok(LockGuard::new(
+            HeldLock::start(self.backend.clone(), lease, options),
+            None,
+        ))
     }
 }
 
@@ -111,7 +123,11 @@ pub struct LockRequest<'a> {
 }
 
 impl<'a> LockRequest<'a> {
-    pub(crate) fn for_owner(owner: &'a LockOwner, client: &'a LockClient, key: Result<LockKey>) -> Self {
+    pub(crate) fn for_owner(
+        owner: &'a LockOwner,
+        client: &'a LockClient,
+        key: Result<LockKey>,
+    ) -> Self {
         LockRequest {
             client,
             owner: Some(owner),
@@ -186,7 +202,11 @@ fn check_options(backend: &DynBackend, options: &AcquireOptions) -> Result<()> {
 }
 
 /// Acquires per `options`, making sure an abandoned or failed attempt leaves no hold.
-pub(crate) async fn acquire_lease(backend: &DynBackend, key: LockKey, options: &AcquireOptions) -> Result<Lease> {
+pub(crate) async fn acquire_lease(
+    backend: &DynBackend,
+    key: LockKey,
+    options: &AcquireOptions,
+) -> Result<Lease> {
     let span = tracing::info_span!(
         "distlock.acquire",
         backend = backend.name(),
@@ -206,7 +226,11 @@ pub(crate) async fn acquire_lease(backend: &DynBackend, key: LockKey, options: &
             timeout: options.request_timeout,
         };
         let result = match options.wait {
-            Wait::No => backend.acquire_once(&request, options.request_timeout).await,
+            Wait::No => {
+                backend
+                    .acquire_once(&request, options.request_timeout)
+                    .await
+            }
             Wait::UpTo(_) | Wait::Forever => {
                 let spec = WaitSpec {
                     until: options.wait.deadline_from(started),
@@ -241,7 +265,11 @@ pub(crate) async fn acquire_lease(backend: &DynBackend, key: LockKey, options: &
 /// the wait so an override that never returns cannot hold a bounded waiter hostage, and
 /// retried with the same lease id when the store did not answer: a grant whose reply was
 /// lost is then found again instead of left behind.
-async fn wait_bounded(backend: &DynBackend, request: &AcquireRequest, spec: &WaitSpec) -> Result<Lease> {
+async fn wait_bounded(
+    backend: &DynBackend,
+    request: &AcquireRequest,
+    spec: &WaitSpec,
+) -> Result<Lease> {
     let grace = spec.request_timeout.min(Duration::from_millis(250));
     let mut attempt = 0;
     loop {
@@ -252,7 +280,9 @@ async fn wait_bounded(backend: &DynBackend, request: &AcquireRequest, spec: &Wai
                 tokio::time::timeout_at(outer, backend.acquire(request, spec))
                     .await
                     .unwrap_or_else(|_| {
-                        Err(Error::unavailable("the store did not answer before the wait ended"))
+                        Err(Error::unavailable(
+                            "the store did not answer before the wait ended",
+                        ))
                     })
             }
         };
@@ -260,7 +290,10 @@ async fn wait_bounded(backend: &DynBackend, request: &AcquireRequest, spec: &Wai
             Err(err) if err.kind() == ErrorKind::Unavailable => {
                 let pause = spec.backoff.pause(attempt);
                 attempt += 1;
-                if spec.until.is_some_and(|until| Instant::now() + pause >= until) {
+                if spec
+                    .until
+                    .is_some_and(|until| Instant::now() + pause >= until)
+                {
                     return Err(err);
                 }
                 tracing::debug!(error = %err, "store unavailable while waiting; retrying");

@@ -53,11 +53,18 @@ impl<T> FencedResource<T> {
     }
 
     /// Applies `write` if `token` is not older than any token seen so far.
-    pub fn write<R>(&self, token: FencingToken, write: impl FnOnce(&mut T) -> R) -> Result<R, StaleToken> {
+    pub fn write<R>(
+        &self,
+        token: FencingToken,
+        write: impl FnOnce(&mut T) -> R,
+    ) -> Result<R, StaleToken> {
         let mut state = crate::guard::lock(&self.state);
         if let Some(highest) = state.0 {
             if token < highest {
-                return Err(StaleToken { offered: token, highest });
+                return Err(StaleToken {
+                    offered: token,
+                    highest,
+                });
             }
         }
         state.0 = Some(token);

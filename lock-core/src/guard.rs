@@ -99,7 +99,12 @@ impl HeldLock {
         if changed {
             tracing::warn!(backend = self.backend.name(), key = %self.key, token = %self.token, why, "lock lost");
             let lease = self.lease();
-            spawn_release(self.backend.clone(), lease.key().clone(), lease.id(), self.options.request_timeout);
+            spawn_release(
+                self.backend.clone(),
+                lease.key().clone(),
+                lease.id(),
+                self.options.request_timeout,
+            );
         }
     }
 
@@ -107,12 +112,19 @@ impl HeldLock {
         let state = self.state.borrow().clone();
         if state.status != Status::Held || !state.lease.is_valid() {
             self.mark_lost("renewal requested after the local deadline");
-            return Err(Error::lost(format!("lease on {:?} is no longer held", self.key.as_str())));
+            return Err(Error::lost(format!(
+                "lease on {:?} is no longer held",
+                self.key.as_str()
+            )));
         }
         let span = tracing::info_span!("distlock.renew", backend = self.backend.name(), key = %self.key, outcome = tracing::field::Empty);
         let result = self
             .backend
-            .renew_lease(&state.lease, self.options.ttl, self.options.request_timeout.min(state.lease.remaining()))
+            .renew_lease(
+                &state.lease,
+                self.options.ttl,
+                self.options.request_timeout.min(state.lease.remaining()),
+            )
             .instrument(span.clone())
             .await;
         span.record("outcome", outcome_name(&result));
@@ -144,7 +156,9 @@ impl HeldLock {
         }
         let lease = self.lease();
         let span = tracing::info_span!("distlock.release", backend = self.backend.name(), key = %self.key, token = %self.token, outcome = tracing::field::Empty);
-        let result = release_with_retry(&self.backend, &lease, &self.options).instrument(span.clone()).await;
+        let result = release_with_retry(&self.backend, &lease, &self.options)
+            .instrument(span.clone())
+            .await;
         span.record("outcome", outcome_name(&result));
         result
     }
@@ -152,11 +166,18 @@ impl HeldLock {
 
 /// Retries an unanswered release while the lease is valid: release is idempotent, and a
 /// retry that finds the lease gone before its deadline knows an earlier attempt worked.
-async fn release_with_retry(backend: &DynBackend, lease: &Lease, options: &AcquireOptions) -> Result<bool> {
+async fn release_with_retry(
+    backend: &DynBackend,
+    lease: &Lease,
+    options: &AcquireOptions,
+) -> Result<bool> {
     let mut unanswered = false;
     let mut attempt = 0;
     loop {
-        let timeout = options.request_timeout.min(lease.remaining()).max(options.request_timeout / 10);
+        let timeout = options
+            .request_timeout
+            .min(lease.remaining())
+            .max(options.request_timeout / 10);
         match backend.release_lease(lease, timeout).await {
             Ok(ReleaseOutcome::Released) => return Ok(true),
             Ok(ReleaseOutcome::AlreadyReleased) => return Ok(unanswered),
@@ -224,7 +245,12 @@ async fn keep_alive(held: Arc<HeldLock>) {
 
 /// Releases a lease id in the background, for a guard dropped without `release` or an
 /// acquisition abandoned mid-flight. Without a runtime the store's TTL ends the hold.
-pub(crate) fn spawn_release(backend: DynBackend, key: LockKey, lease_id: crate::LeaseId, timeout: std::time::Duration) {
+pub(crate) fn spawn_release(
+    backend: DynBackend,
+    key: LockKey,
+    lease_id: crate::LeaseId,
+    timeout: std::time::Duration,
+) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         tracing::debug!(%key, "no runtime to release on; the lease will expire by its TTL");
         return;
@@ -239,7 +265,9 @@ pub(crate) fn spawn_release(backend: DynBackend, key: LockKey, lease_id: crate::
 
 /// Locks a mutex whose data stays consistent even if a holder panicked.
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 pub(crate) fn outcome_name<T>(result: &Result<T>) -> &'static str {

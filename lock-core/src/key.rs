@@ -104,7 +104,15 @@ mod tests {
 
     #[test]
     fn accepts_hostile_but_printable_keys() {
-        for key in ["../x", "/", "*", "%_", "'; DROP TABLE locks; --", "{tag}", "ключ 🔒"] {
+        for key in [
+            "../x",
+            "/",
+            "*",
+            "%_",
+            "'; DROP TABLE locks; --",
+            "{tag}",
+            "ключ 🔒",
+        ] {
             assert_eq!(LockKey::new(key).unwrap().as_str(), key);
         }
         assert!(LockKey::new("é".repeat(128)).is_ok());
@@ -112,8 +120,18 @@ mod tests {
 
     #[test]
     fn refuses_bad_keys() {
-        for key in [String::new(), "a".repeat(257), "a\nb".into(), "\u{0}".into(), "x\u{7f}".into()] {
-            assert_eq!(LockKey::new(&key).unwrap_err().kind(), ErrorKind::InvalidInput, "{key:?}");
+        for key in [
+            String::new(),
+            "a".repeat(257),
+            "a\nb".into(),
+            "\u{0}".into(),
+            "x\u{7f}".into(),
+        ] {
+            assert_eq!(
+                LockKey::new(&key).unwrap_err().kind(),
+                ErrorKind::InvalidInput,
+                "{key:?}"
+            );
         }
     }
 }

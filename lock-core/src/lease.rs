@@ -53,7 +53,9 @@ impl FromStr for LeaseId {
 
     fn from_str(s: &str) -> Result<Self> {
         if s.len() != 32 {
-            return Err(Error::invalid(format!("lease id {s:?} is not 32 hex digits")));
+            return Err(Error::invalid(format!(
+                "lease id {s:?} is not 32 hex digits"
+            )));
         }
         u128::from_str_radix(s, 16)
             .map(LeaseId)
@@ -258,12 +260,22 @@ mod tests {
 
     #[test]
     fn deadline_is_measured_from_send_minus_drift() {
-        let req = AcquireRequest::new(LockKey::new("k").unwrap(), Duration::from_secs(10), Duration::from_millis(102));
+        let req = AcquireRequest::new(
+            LockKey::new("k").unwrap(),
+            Duration::from_secs(10),
+            Duration::from_millis(102),
+        );
         let sent = Instant::now();
         let lease = req.grant(FencingToken::new(7), sent);
         assert_eq!(lease.valid_until(), sent + Duration::from_millis(9898));
         let later = sent + Duration::from_secs(1);
-        assert_eq!(lease.renewed(Duration::from_secs(10), later).valid_until(), later + Duration::from_millis(9898));
-        assert_eq!(lease.renewed(Duration::from_secs(10), later).token(), FencingToken::new(7));
+        assert_eq!(
+            lease.renewed(Duration::from_secs(10), later).valid_until(),
+            later + Duration::from_millis(9898)
+        );
+        assert_eq!(
+            lease.renewed(Duration::from_secs(10), later).token(),
+            FencingToken::new(7)
+        );
     }
 }

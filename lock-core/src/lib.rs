@@ -37,6 +37,7 @@ mod lease;
 mod memory;
 mod options;
 mod owner;
+mod redact;
 pub mod wait;
 
 pub use backend::{DynBackend, KeyWatch, LockBackend, LockBackendExt, LockInfo, ReleaseOutcome};
@@ -50,6 +51,7 @@ pub use lease::{default_drift_allowance, AcquireRequest, FencingToken, Lease, Le
 pub use memory::MemoryBackend;
 pub use options::{AcquireOptions, Backoff, Renewal, Wait, WaitSpec};
 pub use owner::LockOwner;
+pub use redact::redact_url;
 
 /// Re-exported so backend crates implement [`LockBackend`] with the same macro version.
 pub use async_trait::async_trait;

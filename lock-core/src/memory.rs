@@ -101,7 +101,12 @@ impl MemoryBackend {
     /// tests that check nothing is left behind.
     pub fn stored_keys(&self) -> Vec<LockKey> {
         let state = lock(&self.store.state);
-        let mut keys: Vec<LockKey> = state.locks.keys().chain(state.queues.keys()).cloned().collect();
+        let mut keys: Vec<LockKey> = state
+            .locks
+            .keys()
+            .chain(state.queues.keys())
+            .cloned()
+            .collect();
         keys.sort();
         keys.dedup();
         keys
@@ -122,7 +127,12 @@ impl MemoryBackend {
 impl State {
     /// Grants `request` if the key is free, expired or already its own; in a fair store
     /// only the head of the queue (or anyone, when nobody queues) may take a free key.
-    fn grant(&mut self, request: &AcquireRequest, expires_at: Instant, fair: bool) -> Option<FencingToken> {
+    fn grant(
+        &mut self,
+        request: &AcquireRequest,
+        expires_at: Instant,
+        fair: bool,
+    ) -> Option<FencingToken> {
         let now = Instant::now();
         self.sweep(now);
         match self.locks.get_mut(request.key()) {
@@ -134,7 +144,10 @@ impl State {
             _ => {}
         }
         if fair {
-            let head = self.queues.get(request.key()).and_then(|queue| queue.front());
+            let head = self
+                .queues
+                .get(request.key())
+                .and_then(|queue| queue.front());
             if head.is_some_and(|waiter| waiter.lease_id != request.lease_id()) {
                 return None;
             }
@@ -224,10 +237,14 @@ impl LockBackend for MemoryBackend {
             if let Some(token) = state.grant(request, self.expiry(request.ttl())?, true) {
                 return Ok(request.grant(token, sent_at));
             }
-            state.queues.entry(key.clone()).or_default().push_back(Waiter {
-                lease_id: request.lease_id(),
-                wake: Arc::clone(&wake),
-            });
+            state
+                .queues
+                .entry(key.clone())
+                .or_default()
+                .push_back(Waiter {
+                    lease_id: request.lease_id(),
+                    wake: Arc::clone(&wake),
+                });
             QueuePlace {
                 backend: self,
                 key: key.clone(),
@@ -279,7 +296,11 @@ impl LockBackend for MemoryBackend {
         let now = Instant::now();
         let live = {
             let mut state = lock(&self.store.state);
-            let Some(entry) = state.locks.get(key).filter(|entry| entry.lease_id == lease_id) else {
+            let Some(entry) = state
+                .locks
+                .get(key)
+                .filter(|entry| entry.lease_id == lease_id)
+            else {
                 return Ok(false);
             };
             let live = entry.is_live(now);
@@ -298,12 +319,16 @@ impl LockBackend for MemoryBackend {
             .capabilities
             .fair_ordering
             .then(|| state.queues.get(key).map_or(0, VecDeque::len));
-        Ok(state.locks.get(key).filter(|entry| entry.is_live(now)).map(|entry| LockInfo {
-            lease_id: entry.lease_id,
-            token: entry.token,
-            remaining_ttl: entry.expires_at - now,
-            waiters,
-        }))
+        Ok(state
+            .locks
+            .get(key)
+            .filter(|entry| entry.is_live(now))
+            .map(|entry| LockInfo {
+                lease_id: entry.lease_id,
+                token: entry.token,
+                remaining_ttl: entry.expires_at - now,
+                waiters,
+            }))
     }
 
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {

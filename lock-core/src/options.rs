@@ -135,6 +135,9 @@ mod tests {
 
     #[test]
     fn huge_wait_is_forever() {
-        assert_eq!(Wait::UpTo(Duration::MAX).deadline_from(Instant::now()), None);
+        assert_eq!(
+            Wait::UpTo(Duration::MAX).deadline_from(Instant::now()),
+            None
+        );
     }
 }

@@ -114,7 +114,10 @@ impl LockOwner {
         if !self.inner.client.backend().capabilities().reentrancy {
             return Err(Error::new(
                 ErrorKind::Unsupported,
-                format!("backend {} does not support reentrant owners", self.inner.client.backend().name()),
+                format!(
+                    "backend {} does not support reentrant owners",
+                    self.inner.client.backend().name()
+                ),
             ));
         }
         let slot = Arc::clone(lock(&self.inner.slots).entry(key.clone()).or_default());
@@ -152,7 +155,11 @@ impl LockOwner {
     fn forget_idle(&self, key: &LockKey, slot: &Arc<Slot>) {
         let mut slots = lock(&self.inner.slots);
         let idle = lock(&slot.held).is_none() && Arc::strong_count(slot) <= 2;
-        if idle && slots.get(key).is_some_and(|current| Arc::ptr_eq(current, slot)) {
+        if idle
+            && slots
+                .get(key)
+                .is_some_and(|current| Arc::ptr_eq(current, slot))
+        {
             slots.remove(key);
         }
     }

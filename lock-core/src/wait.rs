@@ -48,7 +48,14 @@ pub async fn acquire_by_polling<B: LockBackend + ?Sized>(
                 tracing::Span::current().record("attempts", attempt + 1);
                 return Ok(lease);
             }
-            Err(err) if matches!(err.kind(), ErrorKind::HeldByAnother | ErrorKind::Unavailable) => err,
+            Err(err)
+                if matches!(
+                    err.kind(),
+                    ErrorKind::HeldByAnother | ErrorKind::Unavailable
+                ) =>
+            {
+                err
+            }
             Err(err) => return Err(err),
         };
         attempt = attempt.saturating_add(1);
@@ -59,7 +66,10 @@ pub async fn acquire_by_polling<B: LockBackend + ?Sized>(
                 return Err(match failure.kind() {
                     ErrorKind::HeldByAnother => Error::new(
                         ErrorKind::TimedOut,
-                        format!("{:?} stayed held for the whole wait", request.key().as_str()),
+                        format!(
+                            "{:?} stayed held for the whole wait",
+                            request.key().as_str()
+                        ),
                     ),
                     _ => failure,
                 });

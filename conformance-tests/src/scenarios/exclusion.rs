@@ -4,11 +4,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lock_core::{FencedResource, FencingToken, LockBackendExt, AcquireRequest, Renewal};
+use lock_core::{AcquireRequest, FencedResource, FencingToken, LockBackendExt, Renewal};
 use tokio::task::JoinSet;
 
-use crate::harness::{eventually, within, Ctx, Failure, Outcome};
 use crate::ensure;
+use crate::harness::{eventually, within, Ctx, Failure, Outcome};
 
 const CLIENTS: usize = 4;
 const ROUNDS: usize = 8;
@@ -23,7 +23,12 @@ pub async fn mutual_exclusion(ctx: &Ctx) -> Outcome {
     let mut workers = JoinSet::new();
     for _ in 0..CLIENTS {
         let client = ctx.client().await?;
-        let (key, counter, inside, overlapped) = (key.clone(), counter.clone(), inside.clone(), overlapped.clone());
+        let (key, counter, inside, overlapped) = (
+            key.clone(),
+            counter.clone(),
+            inside.clone(),
+            overlapped.clone(),
+        );
         workers.spawn(async move {
             for _ in 0..ROUNDS {
                 let guard = client.lock(&key).await?;
@@ -34,7 +39,10 @@ pub async fn mutual_exclusion(ctx: &Ctx) -> Outcome {
                 tokio::time::sleep(Duration::from_millis(fastrand::u64(1..4))).await;
                 *counter.lock().unwrap_or_else(|p| p.into_inner()) = seen + 1;
                 inside.fetch_sub(1, Ordering::SeqCst);
-                ensure!(guard.release().await?, "a holder found its lease gone at release");
+                ensure!(
+                    guard.release().await?,
+                    "a holder found its lease gone at release"
+                );
             }
             Ok::<(), Failure>(())
         });
@@ -46,9 +54,16 @@ pub async fn mutual_exclusion(ctx: &Ctx) -> Outcome {
         Ok::<(), Failure>(())
     })
     .await??;
-    ensure!(!overlapped.load(Ordering::SeqCst), "two holders were inside the critical section at once");
+    ensure!(
+        !overlapped.load(Ordering::SeqCst),
+        "two holders were inside the critical section at once"
+    );
     let total = *counter.lock().unwrap_or_else(|p| p.into_inner());
-    ensure!(total == CLIENTS * ROUNDS, "lost updates: counter is {total}, expected {}", CLIENTS * ROUNDS);
+    ensure!(
+        total == CLIENTS * ROUNDS,
+        "lost updates: counter is {total}, expected {}",
+        CLIENTS * ROUNDS
+    );
     Ok(())
 }
 
@@ -74,7 +89,14 @@ pub async fn history_is_serial_with_increasing_tokens(ctx: &Ctx) -> Outcome {
                 let from = Instant::now();
                 tokio::time::sleep(Duration::from_millis(fastrand::u64(1..3))).await;
                 let to = Instant::now();
-                history.lock().unwrap_or_else(|p| p.into_inner()).push(Tenure { from, to, token: guard.token() });
+                history
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(Tenure {
+                        from,
+                        to,
+                        token: guard.token(),
+                    });
                 guard.release().await?;
             }
             Ok::<(), Failure>(())
@@ -89,11 +111,18 @@ pub async fn history_is_serial_with_increasing_tokens(ctx: &Ctx) -> Outcome {
     .await??;
     let mut tenures = history.lock().unwrap_or_else(|p| p.into_inner()).clone();
     tenures.sort_by_key(|t| t.from);
-    ensure!(tenures.len() == 18, "expected 18 tenures, got {}", tenures.len());
+    ensure!(
+        tenures.len() == 18,
+        "expected 18 tenures, got {}",
+        tenures.len()
+    );
     for pair in tenures.windows(2) {
         let (a, b) = (pair[0], pair[1]);
         ensure!(a.to <= b.from, "tenures overlap: {a:?} and {b:?}");
-        ensure!(a.token < b.token, "token did not increase between consecutive holders: {a:?} then {b:?}");
+        ensure!(
+            a.token < b.token,
+            "token did not increase between consecutive holders: {a:?} then {b:?}"
+        );
     }
     Ok(())
 }
@@ -108,12 +137,22 @@ pub async fn tokens_strictly_increase(ctx: &Ctx) -> Outcome {
     let mut last: Option<FencingToken> = None;
     for round in 0..6 {
         let backend = if round % 2 == 0 { &a } else { &b };
-        let request = AcquireRequest::new(key.clone(), ttl, lock_core::default_drift_allowance(ttl));
+        let request =
+            AcquireRequest::new(key.clone(), ttl, lock_core::default_drift_allowance(ttl));
         let lease = backend.acquire_once(&request, timeout).await?;
         let again = backend.acquire_once(&request, timeout).await?;
-        ensure!(again.token() == lease.token(), "a retried grant changed the token: {} then {}", lease.token(), again.token());
+        ensure!(
+            again.token() == lease.token(),
+            "a retried grant changed the token: {} then {}",
+            lease.token(),
+            again.token()
+        );
         if let Some(previous) = last {
-            ensure!(lease.token() > previous, "token {} after {previous} (round {round})", lease.token());
+            ensure!(
+                lease.token() > previous,
+                "token {} after {previous} (round {round})",
+                lease.token()
+            );
         }
         last = Some(lease.token());
         if round < 3 {
@@ -141,18 +180,37 @@ pub async fn stale_holder_is_fenced_out(ctx: &Ctx) -> Outcome {
     resource
         .write(stale.token(), |log| log.push("first"))
         .map_err(|e| Failure(format!("the first holder's write was refused: {e}")))?;
-    within(ttl + crate::harness::SLACK, "lost signal of the unrenewed lease", stale.lost()).await?;
+    within(
+        ttl + crate::harness::SLACK,
+        "lost signal of the unrenewed lease",
+        stale.lost(),
+    )
+    .await?;
     let fresh = second.lock(&key).wait_up_to(ttl * 4).await?;
-    ensure!(fresh.token() > stale.token(), "new holder's token {} is not above {}", fresh.token(), stale.token());
+    ensure!(
+        fresh.token() > stale.token(),
+        "new holder's token {} is not above {}",
+        fresh.token(),
+        stale.token()
+    );
     resource
         .write(fresh.token(), |log| log.push("second"))
         .map_err(|e| Failure(format!("the new holder's write was refused: {e}")))?;
     ensure!(
-        resource.write(stale.token(), |log| log.push("stale")).is_err(),
+        resource
+            .write(stale.token(), |log| log.push("stale"))
+            .is_err(),
         "the stale holder's write was accepted"
     );
-    ensure!(resource.read(|log| log.clone()) == vec!["first", "second"], "resource holds {:?}", resource.read(|log| log.clone()));
-    ensure!(!stale.release().await?, "releasing the lost lease reported it as still held");
+    ensure!(
+        resource.read(|log| log.clone()) == vec!["first", "second"],
+        "resource holds {:?}",
+        resource.read(|log| log.clone())
+    );
+    ensure!(
+        !stale.release().await?,
+        "releasing the lost lease reported it as still held"
+    );
     ensure!(fresh.release().await?, "the new holder lost its lease");
     Ok(())
 }

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use lock_core::{
-    default_drift_allowance, AcquireOptions, AcquireRequest, ErrorKind, LockBackendExt, LockKey, ReleaseOutcome,
+    default_drift_allowance, AcquireOptions, AcquireRequest, ErrorKind, LockBackendExt, LockKey,
+    ReleaseOutcome,
 };
 use tokio::task::JoinSet;
 
@@ -16,12 +17,33 @@ use crate::harness::{expect_kind, Ctx, Failure, Outcome};
 pub async fn invalid_keys_are_refused(ctx: &Ctx) -> Outcome {
     let (client, faulty) = ctx.faulty_client().await?;
     let too_long = format!("{}{}", ctx.prefix(), "k".repeat(LockKey::MAX_LEN));
-    for key in [String::new(), too_long, format!("{}a\nb", ctx.prefix()), format!("{}nul\0", ctx.prefix())] {
-        expect_kind(client.lock(&key).await, ErrorKind::InvalidInput, &format!("lock({key:?})"))?;
-        expect_kind(client.inspect(&key).await, ErrorKind::InvalidInput, &format!("inspect({key:?})"))?;
-        expect_kind(LockKey::new(&key), ErrorKind::InvalidInput, &format!("LockKey::new({key:?})"))?;
+    for key in [
+        String::new(),
+        too_long,
+        format!("{}a\nb", ctx.prefix()),
+        format!("{}nul\0", ctx.prefix()),
+    ] {
+        expect_kind(
+            client.lock(&key).await,
+            ErrorKind::InvalidInput,
+            &format!("lock({key:?})"),
+        )?;
+        expect_kind(
+            client.inspect(&key).await,
+            ErrorKind::InvalidInput,
+            &format!("inspect({key:?})"),
+        )?;
+        expect_kind(
+            LockKey::new(&key),
+            ErrorKind::InvalidInput,
+            &format!("LockKey::new({key:?})"),
+        )?;
     }
-    ensure!(faulty.total_calls() == 0, "invalid keys reached the store ({} calls)", faulty.total_calls());
+    ensure!(
+        faulty.total_calls() == 0,
+        "invalid keys reached the store ({} calls)",
+        faulty.total_calls()
+    );
     Ok(())
 }
 
@@ -31,26 +53,51 @@ pub async fn invalid_ttls_are_refused(ctx: &Ctx) -> Outcome {
     let key = ctx.key("bad-ttl");
     let (client, faulty) = ctx.faulty_client().await?;
     let caps = ctx.capabilities().clone();
-    let mut ttls = vec![Duration::ZERO, caps.max_ttl + caps.ttl_granularity, Duration::MAX];
+    let mut ttls = vec![
+        Duration::ZERO,
+        caps.max_ttl + caps.ttl_granularity,
+        Duration::MAX,
+    ];
     if caps.min_ttl > Duration::from_nanos(1) {
         ttls.push(caps.min_ttl - Duration::from_nanos(1));
     }
     for ttl in ttls {
-        expect_kind(client.lock(&key).ttl(ttl).await, ErrorKind::InvalidInput, &format!("TTL {ttl:?}"))?;
+        expect_kind(
+            client.lock(&key).ttl(ttl).await,
+            ErrorKind::InvalidInput,
+            &format!("TTL {ttl:?}"),
+        )?;
     }
     let ttl = ctx.short_ttl();
-    let options = AcquireOptions { ttl, clock_drift: Some(ttl), ..ctx.options() };
-    expect_kind(client.lock(&key).options(options).await, ErrorKind::InvalidInput, "drift allowance = TTL")?;
+    let options = AcquireOptions {
+        ttl,
+        clock_drift: Some(ttl),
+        ..ctx.options()
+    };
+    expect_kind(
+        client.lock(&key).options(options).await,
+        ErrorKind::InvalidInput,
+        "drift allowance = TTL",
+    )?;
     let request = AcquireRequest::new(LockKey::new(&key)?, Duration::ZERO, Duration::ZERO);
-    expect_kind(faulty.acquire_once(&request, Duration::from_secs(1)).await, ErrorKind::InvalidInput, "acquire_once with TTL 0")?;
-    ensure!(faulty.total_calls() == 0, "invalid TTLs reached the store ({} calls)", faulty.total_calls());
+    expect_kind(
+        faulty.acquire_once(&request, Duration::from_secs(1)).await,
+        ErrorKind::InvalidInput,
+        "acquire_once with TTL 0",
+    )?;
+    ensure!(
+        faulty.total_calls() == 0,
+        "invalid TTLs reached the store ({} calls)",
+        faulty.total_calls()
+    );
     Ok(())
 }
 
 fn hostile_names(ctx: &Ctx) -> Vec<String> {
     let mut names: Vec<String> = [
-        "../x", "/", "//", "*", "a*", "a?", "[ab]", "%", "_", "a%", "'", "\"", "';--", "\\", "\\\\'",
-        "{tag}", "{", "}", "a b", " ", "$1", "KEYS[1]", "ARGV", "..", "%s%n", "ключ", "🔒", "é", "e\u{301}",
+        "../x", "/", "//", "*", "a*", "a?", "[ab]", "%", "_", "a%", "'", "\"", "';--", "\\",
+        "\\\\'", "{tag}", "{", "}", "a b", " ", "$1", "KEYS[1]", "ARGV", "..", "%s%n", "ключ",
+        "🔒", "é", "e\u{301}",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -72,24 +119,43 @@ pub async fn hostile_keys_stay_in_their_namespace(ctx: &Ctx) -> Outcome {
     for name in hostile_names(ctx) {
         let key = LockKey::new(ctx.key(&name))?;
         let request = AcquireRequest::new(key.clone(), ttl, default_drift_allowance(ttl));
-        let lease = a
-            .acquire_once(&request, timeout)
-            .await
-            .map_err(|e| Failure(format!("locking {key:?}: {e} (a key collided with another or was mangled)")))?;
+        let lease = a.acquire_once(&request, timeout).await.map_err(|e| {
+            Failure(format!(
+                "locking {key:?}: {e} (a key collided with another or was mangled)"
+            ))
+        })?;
         leases.push(lease);
     }
     for lease in &leases {
-        let info = b.inspect(lease.key()).await?.ok_or_else(|| Failure(format!("{:?} is not held", lease.key())))?;
-        ensure!(info.lease_id == lease.id(), "{:?} shows another lease", lease.key());
+        let info = b
+            .inspect(lease.key())
+            .await?
+            .ok_or_else(|| Failure(format!("{:?} is not held", lease.key())))?;
+        ensure!(
+            info.lease_id == lease.id(),
+            "{:?} shows another lease",
+            lease.key()
+        );
         let rival = AcquireRequest::new(lease.key().clone(), ttl, default_drift_allowance(ttl));
-        expect_kind(b.acquire_once(&rival, timeout).await, ErrorKind::HeldByAnother, &format!("rival on {:?}", lease.key()))?;
+        expect_kind(
+            b.acquire_once(&rival, timeout).await,
+            ErrorKind::HeldByAnother,
+            &format!("rival on {:?}", lease.key()),
+        )?;
     }
     for lease in &leases {
         let outcome = a.release_lease(lease, timeout).await?;
-        ensure!(outcome == ReleaseOutcome::Released, "{:?} released as {outcome:?}", lease.key());
+        ensure!(
+            outcome == ReleaseOutcome::Released,
+            "{:?} released as {outcome:?}",
+            lease.key()
+        );
     }
     let residue = ctx.factory().residue(ctx.prefix()).await?;
-    ensure!(residue.is_empty(), "hostile keys left state behind: {residue:?}");
+    ensure!(
+        residue.is_empty(),
+        "hostile keys left state behind: {residue:?}"
+    );
     Ok(())
 }
 
@@ -106,7 +172,9 @@ pub async fn ten_thousand_keys_held_at_once(ctx: &Ctx) -> Outcome {
         let (backend, key) = (backend.clone(), LockKey::new(format!("{prefix}{index}"))?);
         batch.spawn(async move {
             let request = AcquireRequest::new(key, ttl, default_drift_allowance(ttl));
-            backend.acquire_once(&request, Duration::from_secs(30)).await
+            backend
+                .acquire_once(&request, Duration::from_secs(30))
+                .await
         });
         if batch.len() >= 64 || index + 1 == MANY {
             while let Some(done) = batch.join_next().await {
@@ -114,28 +182,49 @@ pub async fn ten_thousand_keys_held_at_once(ctx: &Ctx) -> Outcome {
             }
         }
     }
-    let mut tokens: Vec<_> = leases.iter().map(|l| (l.key().clone(), l.token())).collect();
+    let mut tokens: Vec<_> = leases
+        .iter()
+        .map(|l| (l.key().clone(), l.token()))
+        .collect();
     tokens.sort_by_key(|(_, token)| *token);
     tokens.dedup_by_key(|(_, token)| *token);
-    let distinct_keys: std::collections::HashSet<_> = leases.iter().map(|l| l.key().clone()).collect();
-    ensure!(distinct_keys.len() == MANY, "only {} distinct keys were granted", distinct_keys.len());
+    let distinct_keys: std::collections::HashSet<_> =
+        leases.iter().map(|l| l.key().clone()).collect();
+    ensure!(
+        distinct_keys.len() == MANY,
+        "only {} distinct keys were granted",
+        distinct_keys.len()
+    );
     for lease in leases.iter().step_by(97) {
         let info = backend.inspect(lease.key()).await?;
-        ensure!(info.map(|i| i.lease_id) == Some(lease.id()), "{:?} is not held by its lease", lease.key());
+        ensure!(
+            info.map(|i| i.lease_id) == Some(lease.id()),
+            "{:?} is not held by its lease",
+            lease.key()
+        );
     }
     for chunk in leases.chunks(64) {
         let mut releases = JoinSet::new();
-        for lease in chunk.iter().cloned() {
-            let backend = backend.clone();
-            releases.spawn(async move { backend.release_lease(&lease, Duration::from_secs(30)).await });
+        for lease in chunk {
+            let (backend, lease) = (backend.clone(), lease.clone());
+            releases
+                .spawn(async move { backend.release_lease(&lease, Duration::from_secs(30)).await });
         }
         while let Some(done) = releases.join_next().await {
             let outcome = done.map_err(|e| Failure(format!("task failed: {e}")))??;
-            ensure!(outcome == ReleaseOutcome::Released, "a release reported {outcome:?}");
+            ensure!(
+                outcome == ReleaseOutcome::Released,
+                "a release reported {outcome:?}"
+            );
         }
     }
     let residue = ctx.factory().residue(&prefix).await?;
-    ensure!(residue.is_empty(), "{} entries left behind, e.g. {:?}", residue.len(), residue.first());
+    ensure!(
+        residue.is_empty(),
+        "{} entries left behind, e.g. {:?}",
+        residue.len(),
+        residue.first()
+    );
     Ok(())
 }
 
@@ -147,8 +236,19 @@ pub async fn resource_hygiene(ctx: &Ctx) -> Outcome {
     let key = ctx.key("hygiene");
     let guard = client.lock(&key).await?;
     guard.renew().await?;
-    expect_kind(rival.try_lock(&key).await, ErrorKind::HeldByAnother, "rival try-lock")?;
-    expect_kind(rival.lock(&key).wait_up_to(Duration::from_millis(100)).await, ErrorKind::TimedOut, "rival wait")?;
+    expect_kind(
+        rival.try_lock(&key).await,
+        ErrorKind::HeldByAnother,
+        "rival try-lock",
+    )?;
+    expect_kind(
+        rival
+            .lock(&key)
+            .wait_up_to(Duration::from_millis(100))
+            .await,
+        ErrorKind::TimedOut,
+        "rival wait",
+    )?;
     guard.release().await?;
     let owner = client.owner();
     let outer = owner.lock(&key).await?;

@@ -32,14 +32,26 @@ pub enum Needs {
 
 impl Needs {
     /// `Ok` when the scenario applies, or why it does not.
-    pub fn check(self, caps: &Capabilities, has_unreachable_client: bool) -> Result<(), &'static str> {
+    pub fn check(
+        self,
+        caps: &Capabilities,
+        has_unreachable_client: bool,
+    ) -> Result<(), &'static str> {
         match self {
             Needs::Nothing => Ok(()),
-            Needs::FairOrdering if !caps.fair_ordering => Err("no fair ordering: waiters are not queued"),
-            Needs::NotifiedPolling if !caps.native_notification => Err("no native notification: waiters only poll"),
-            Needs::NotifiedPolling if caps.fair_ordering => Err("its fair queue wakes waiters, not notifications"),
+            Needs::FairOrdering if !caps.fair_ordering => {
+                Err("no fair ordering: waiters are not queued")
+            }
+            Needs::NotifiedPolling if !caps.native_notification => {
+                Err("no native notification: waiters only poll")
+            }
+            Needs::NotifiedPolling if caps.fair_ordering => {
+                Err("its fair queue wakes waiters, not notifications")
+            }
             Needs::Reentrancy if !caps.reentrancy => Err("reentrant owners are unsupported"),
-            Needs::UnreachableClient if !has_unreachable_client => Err("embedded store: nothing to be unreachable"),
+            Needs::UnreachableClient if !has_unreachable_client => {
+                Err("embedded store: nothing to be unreachable")
+            }
             _ => Ok(()),
         }
     }

@@ -3,8 +3,8 @@
 use std::time::{Duration, Instant};
 
 use lock_core::{
-    default_drift_allowance, AcquireRequest, DynBackend, ErrorKind, Lease, LeaseId, LockBackendExt, LockKey,
-    ReleaseOutcome,
+    default_drift_allowance, AcquireRequest, DynBackend, ErrorKind, Lease, LeaseId, LockBackendExt,
+    LockKey, ReleaseOutcome,
 };
 
 use crate::ensure;
@@ -26,12 +26,25 @@ pub async fn only_the_owner_releases(ctx: &Ctx) -> Outcome {
     let key = LockKey::new(ctx.key("owner-release"))?;
     let (a, b) = (ctx.backend().await?, ctx.backend().await?);
     let lease = grant(&a, &key, ctx.long_ttl()).await?;
-    ensure!(!b.release(&key, LeaseId::random()).await?, "a foreign lease id released the key");
-    let forged = AcquireRequest::new(key.clone(), ctx.long_ttl(), Duration::ZERO).grant(lease.token(), Instant::now());
+    ensure!(
+        !b.release(&key, LeaseId::random()).await?,
+        "a foreign lease id released the key"
+    );
+    let forged = AcquireRequest::new(key.clone(), ctx.long_ttl(), Duration::ZERO)
+        .grant(lease.token(), Instant::now());
     let outcome = b.release_lease(&forged, TIMEOUT).await?;
-    ensure!(outcome == ReleaseOutcome::AlreadyReleased, "a forged lease's release reported {outcome:?}");
-    ensure!(holder(&b, &key).await? == Some(lease.id()), "the holder's lock did not survive a foreign release");
-    ensure!(a.release_lease(&lease, TIMEOUT).await? == ReleaseOutcome::Released, "the owner could not release");
+    ensure!(
+        outcome == ReleaseOutcome::AlreadyReleased,
+        "a forged lease's release reported {outcome:?}"
+    );
+    ensure!(
+        holder(&b, &key).await? == Some(lease.id()),
+        "the holder's lock did not survive a foreign release"
+    );
+    ensure!(
+        a.release_lease(&lease, TIMEOUT).await? == ReleaseOutcome::Released,
+        "the owner could not release"
+    );
     Ok(())
 }
 
@@ -41,10 +54,23 @@ pub async fn only_the_owner_renews(ctx: &Ctx) -> Outcome {
     let (a, b) = (ctx.backend().await?, ctx.backend().await?);
     let ttl = ctx.short_ttl() * 5;
     let lease = grant(&a, &key, ttl).await?;
-    ensure!(!b.renew(&key, LeaseId::random(), ctx.long_ttl()).await?, "a foreign lease id renewed the key");
-    let info = b.inspect(&key).await?.ok_or_else(|| Failure("the key became free".into()))?;
-    ensure!(info.lease_id == lease.id() && info.token == lease.token(), "the holder changed: {info:?}");
-    ensure!(info.remaining_ttl <= ttl, "a foreign renewal extended the lease to {:?}", info.remaining_ttl);
+    ensure!(
+        !b.renew(&key, LeaseId::random(), ctx.long_ttl()).await?,
+        "a foreign lease id renewed the key"
+    );
+    let info = b
+        .inspect(&key)
+        .await?
+        .ok_or_else(|| Failure("the key became free".into()))?;
+    ensure!(
+        info.lease_id == lease.id() && info.token == lease.token(),
+        "the holder changed: {info:?}"
+    );
+    ensure!(
+        info.remaining_ttl <= ttl,
+        "a foreign renewal extended the lease to {:?}",
+        info.remaining_ttl
+    );
     a.release_lease(&lease, TIMEOUT).await?;
     Ok(())
 }
@@ -56,7 +82,11 @@ pub async fn expiry_then_takeover(ctx: &Ctx) -> Outcome {
     let (a, b) = (ctx.backend().await?, ctx.backend().await?);
     let ttl = ctx.short_ttl();
     let old = grant(&a, &key, ttl).await?;
-    let request = AcquireRequest::new(key.clone(), ctx.long_ttl(), default_drift_allowance(ctx.long_ttl()));
+    let request = AcquireRequest::new(
+        key.clone(),
+        ctx.long_ttl(),
+        default_drift_allowance(ctx.long_ttl()),
+    );
     let give_up = Instant::now() + ttl * 4;
     let (new, granted_by) = loop {
         match b.acquire_once(&request, TIMEOUT).await {
@@ -74,11 +104,30 @@ pub async fn expiry_then_takeover(ctx: &Ctx) -> Outcome {
         "the key was taken over {:?} after the old grant was sent, before its TTL of {ttl:?}",
         granted_by - old.sent_at()
     );
-    ensure!(new.token() > old.token(), "takeover token {} is not above {}", new.token(), old.token());
-    expect_kind(a.renew_lease(&old, ttl, TIMEOUT).await, ErrorKind::Lost, "renewing the expired lease")?;
-    expect_kind(a.release_lease(&old, TIMEOUT).await, ErrorKind::Lost, "releasing the expired lease")?;
-    ensure!(holder(&a, &key).await? == Some(new.id()), "the old holder's calls disturbed the new lock");
-    ensure!(b.release_lease(&new, TIMEOUT).await? == ReleaseOutcome::Released, "the new holder could not release");
+    ensure!(
+        new.token() > old.token(),
+        "takeover token {} is not above {}",
+        new.token(),
+        old.token()
+    );
+    expect_kind(
+        a.renew_lease(&old, ttl, TIMEOUT).await,
+        ErrorKind::Lost,
+        "renewing the expired lease",
+    )?;
+    expect_kind(
+        a.release_lease(&old, TIMEOUT).await,
+        ErrorKind::Lost,
+        "releasing the expired lease",
+    )?;
+    ensure!(
+        holder(&a, &key).await? == Some(new.id()),
+        "the old holder's calls disturbed the new lock"
+    );
+    ensure!(
+        b.release_lease(&new, TIMEOUT).await? == ReleaseOutcome::Released,
+        "the new holder could not release"
+    );
     Ok(())
 }
 
@@ -89,10 +138,24 @@ pub async fn expired_lease_is_lost_even_if_untaken(ctx: &Ctx) -> Outcome {
     let a = ctx.backend().await?;
     let ttl = ctx.short_ttl();
     let lease = grant(&a, &key, ttl).await?;
-    eventually(ttl * 4, "lease expires", || async { Ok(holder(&a, &key).await?.is_none()) }).await?;
-    expect_kind(a.renew_lease(&lease, ttl, TIMEOUT).await, ErrorKind::Lost, "renewing after expiry")?;
-    ensure!(holder(&a, &key).await?.is_none(), "renewal brought an expired lease back");
-    expect_kind(a.release_lease(&lease, TIMEOUT).await, ErrorKind::Lost, "releasing after expiry")?;
+    eventually(ttl * 4, "lease expires", || async {
+        Ok(holder(&a, &key).await?.is_none())
+    })
+    .await?;
+    expect_kind(
+        a.renew_lease(&lease, ttl, TIMEOUT).await,
+        ErrorKind::Lost,
+        "renewing after expiry",
+    )?;
+    ensure!(
+        holder(&a, &key).await?.is_none(),
+        "renewal brought an expired lease back"
+    );
+    expect_kind(
+        a.release_lease(&lease, TIMEOUT).await,
+        ErrorKind::Lost,
+        "releasing after expiry",
+    )?;
     Ok(())
 }
 
@@ -102,7 +165,10 @@ pub async fn release_is_idempotent(ctx: &Ctx) -> Outcome {
     let key = LockKey::new(ctx.key("release-twice"))?;
     let (a, b) = (ctx.backend().await?, ctx.backend().await?);
     let first = grant(&a, &key, ctx.long_ttl()).await?;
-    ensure!(a.release_lease(&first, TIMEOUT).await? == ReleaseOutcome::Released, "first release failed");
+    ensure!(
+        a.release_lease(&first, TIMEOUT).await? == ReleaseOutcome::Released,
+        "first release failed"
+    );
     ensure!(
         a.release_lease(&first, TIMEOUT).await? == ReleaseOutcome::AlreadyReleased,
         "second release was not reported as already released"
@@ -112,7 +178,10 @@ pub async fn release_is_idempotent(ctx: &Ctx) -> Outcome {
         a.release_lease(&first, TIMEOUT).await? == ReleaseOutcome::AlreadyReleased,
         "a stale release was not reported as already released"
     );
-    ensure!(holder(&b, &key).await? == Some(second.id()), "a stale release removed another owner's lock");
+    ensure!(
+        holder(&b, &key).await? == Some(second.id()),
+        "a stale release removed another owner's lock"
+    );
     b.release_lease(&second, TIMEOUT).await?;
     Ok(())
 }

@@ -4,8 +4,8 @@ use std::future::IntoFuture;
 use std::time::{Duration, Instant};
 
 use lock_core::{
-    default_drift_allowance, AcquireOptions, AcquireRequest, ErrorKind, LockBackendExt, LockKey, ReleaseOutcome,
-    Wait,
+    default_drift_allowance, AcquireOptions, AcquireRequest, ErrorKind, LockBackendExt, LockKey,
+    ReleaseOutcome, Wait,
 };
 
 use crate::ensure;
@@ -28,18 +28,48 @@ pub async fn reentrancy_accounting(ctx: &Ctx) -> Outcome {
     })
     .await
     .map_err(|e| Failure(format!("task failed: {e}")))??;
-    ensure!(from_task.token() == outer.token(), "re-entry from a cloned owner changed the token");
-    ensure!(owner.holds(&key) == 3, "owner counts {} entries, expected 3", owner.holds(&key));
-    expect_kind(rival.try_lock(&key).await, ErrorKind::HeldByAnother, "rival while re-entered")?;
-    ensure!(from_task.release().await?, "inner release reported the lock gone");
-    ensure!(inner.release().await?, "inner release reported the lock gone");
-    let info = rival.inspect(&key).await?.ok_or_else(|| Failure("an inner release freed the key".into()))?;
-    ensure!(info.token == outer.token(), "the key changed hands after inner releases");
+    ensure!(
+        from_task.token() == outer.token(),
+        "re-entry from a cloned owner changed the token"
+    );
+    ensure!(
+        owner.holds(&key) == 3,
+        "owner counts {} entries, expected 3",
+        owner.holds(&key)
+    );
+    expect_kind(
+        rival.try_lock(&key).await,
+        ErrorKind::HeldByAnother,
+        "rival while re-entered",
+    )?;
+    ensure!(
+        from_task.release().await?,
+        "inner release reported the lock gone"
+    );
+    ensure!(
+        inner.release().await?,
+        "inner release reported the lock gone"
+    );
+    let info = rival
+        .inspect(&key)
+        .await?
+        .ok_or_else(|| Failure("an inner release freed the key".into()))?;
+    ensure!(
+        info.token == outer.token(),
+        "the key changed hands after inner releases"
+    );
     ensure!(outer.release().await?, "outermost release failed");
-    ensure!(rival.inspect(&key).await?.is_none(), "outermost release did not free the key");
+    ensure!(
+        rival.inspect(&key).await?.is_none(),
+        "outermost release did not free the key"
+    );
     ensure!(owner.holds(&key) == 0, "owner still counts entries");
     let plain = client.lock(&key).await?;
-    expect_kind(client.try_lock(&key).await, ErrorKind::HeldByAnother, "plain client locking twice")?;
+    expect_kind(
+        client.try_lock(&key).await,
+        ErrorKind::HeldByAnother,
+        "plain client locking twice",
+    )?;
     plain.release().await?;
     Ok(())
 }
@@ -55,28 +85,42 @@ pub async fn cancelled_acquire_leaves_nothing_held(ctx: &Ctx) -> Outcome {
     faulty.inject(Op::Acquire, Fault::ApplyThenDelayReply(reply_delay));
     for round in 0..12u64 {
         let cancel_after = Duration::from_millis(round * 5);
-        if let Ok(Ok(guard)) = tokio::time::timeout(cancel_after, client.lock(&key).into_future()).await {
+        if let Ok(Ok(guard)) =
+            tokio::time::timeout(cancel_after, client.lock(&key).into_future()).await
+        {
             guard.release().await?;
         }
         eventually(SLACK * 3, "a cancelled acquisition is released", || async {
             Ok(observer.inspect(&key).await?.is_none())
         })
         .await
-        .map_err(|f| Failure(format!("round {round}, cancelled after {cancel_after:?}: {f}")))?;
+        .map_err(|f| {
+            Failure(format!(
+                "round {round}, cancelled after {cancel_after:?}: {f}"
+            ))
+        })?;
     }
     faulty.heal();
     let holder = observer.lock(&key).await?;
     for round in 0..4u64 {
         let waiting = client.lock(&key).into_future();
         ensure!(
-            tokio::time::timeout(Duration::from_millis(20 + round * 15), waiting).await.is_err(),
+            tokio::time::timeout(Duration::from_millis(20 + round * 15), waiting)
+                .await
+                .is_err(),
             "a waiter got a held key"
         );
     }
     ensure!(holder.release().await?, "holder lost its lease");
-    ensure!(observer.inspect(&key).await?.is_none(), "a cancelled waiter holds the key");
+    ensure!(
+        observer.inspect(&key).await?.is_none(),
+        "a cancelled waiter holds the key"
+    );
     let residue = ctx.factory().residue(&key).await?;
-    ensure!(residue.is_empty(), "cancelled acquisitions left state behind: {residue:?}");
+    ensure!(
+        residue.is_empty(),
+        "cancelled acquisitions left state behind: {residue:?}"
+    );
     Ok(())
 }
 
@@ -88,23 +132,39 @@ pub async fn ambiguous_acquire_resolves_on_retry(ctx: &Ctx) -> Outcome {
     let rival = ctx.client().await?;
     faulty.inject_times(Op::Acquire, Fault::ApplyThenDropReply, 1);
     let guard = client.lock(&key).wait_up_to(Duration::from_secs(5)).await?;
-    ensure!(faulty.calls(Op::Acquire) >= 2, "the lost reply was not retried");
-    let info = rival.inspect(&key).await?.ok_or_else(|| Failure("the key is free".into()))?;
+    ensure!(
+        faulty.calls(Op::Acquire) >= 2,
+        "the lost reply was not retried"
+    );
+    let info = rival
+        .inspect(&key)
+        .await?
+        .ok_or_else(|| Failure("the key is free".into()))?;
     ensure!(
         info.lease_id == guard.lease().id() && info.token == guard.token(),
         "the retry did not return the applied lease: store has {info:?}, guard {:?}",
         guard.lease()
     );
-    expect_kind(rival.try_lock(&key).await, ErrorKind::HeldByAnother, "rival after an ambiguous acquire")?;
+    expect_kind(
+        rival.try_lock(&key).await,
+        ErrorKind::HeldByAnother,
+        "rival after an ambiguous acquire",
+    )?;
     ensure!(guard.release().await?, "lease gone at release");
-    ensure!(rival.inspect(&key).await?.is_none(), "an extra hold remains");
+    ensure!(
+        rival.inspect(&key).await?.is_none(),
+        "an extra hold remains"
+    );
 
     let backend = ctx.backend().await?;
     let ttl = ctx.long_ttl();
     let request = AcquireRequest::new(LockKey::new(&key)?, ttl, default_drift_allowance(ttl));
     let first = backend.try_acquire(&request).await?;
     let retry = backend.try_acquire(&request).await?;
-    ensure!(first.is_some() && first == retry, "a retried grant returned {retry:?} after {first:?}");
+    ensure!(
+        first.is_some() && first == retry,
+        "a retried grant returned {retry:?} after {first:?}"
+    );
     backend.release(request.key(), request.lease_id()).await?;
     Ok(())
 }
@@ -118,11 +178,23 @@ pub async fn ambiguous_release_resolves_on_retry(ctx: &Ctx) -> Outcome {
     let guard = client.lock(&key).await?;
     let lease = guard.lease();
     faulty.inject_times(Op::Release, Fault::ApplyThenDropReply, 1);
-    ensure!(guard.release().await?, "the release whose reply was lost reported the lease gone");
-    ensure!(faulty.calls(Op::Release) >= 2, "the lost reply was not retried");
-    ensure!(rival.inspect(&key).await?.is_none(), "the key is still held");
+    ensure!(
+        guard.release().await?,
+        "the release whose reply was lost reported the lease gone"
+    );
+    ensure!(
+        faulty.calls(Op::Release) >= 2,
+        "the lost reply was not retried"
+    );
+    ensure!(
+        rival.inspect(&key).await?.is_none(),
+        "the key is still held"
+    );
     let again = faulty.release_lease(&lease, Duration::from_secs(5)).await?;
-    ensure!(again == ReleaseOutcome::AlreadyReleased, "a further retry reported {again:?}");
+    ensure!(
+        again == ReleaseOutcome::AlreadyReleased,
+        "a further retry reported {again:?}"
+    );
     Ok(())
 }
 
@@ -134,13 +206,29 @@ pub async fn unavailable_store_is_retryable_and_recovers(ctx: &Ctx) -> Outcome {
     let bound = Duration::from_millis(500);
     faulty.inject(Op::Acquire, Fault::BlackHole);
     let started = Instant::now();
-    let err = expect_kind(client.lock(&key).wait_up_to(bound).await, ErrorKind::Unavailable, "silent store")?;
+    let err = expect_kind(
+        client.lock(&key).wait_up_to(bound).await,
+        ErrorKind::Unavailable,
+        "silent store",
+    )?;
     ensure!(err.is_retryable(), "unavailable must be retryable");
-    ensure!(started.elapsed() <= bound + SLACK, "gave up after {:?}", started.elapsed());
+    ensure!(
+        started.elapsed() <= bound + SLACK,
+        "gave up after {:?}",
+        started.elapsed()
+    );
     faulty.inject(Op::Acquire, Fault::Fail(ErrorKind::Unavailable));
     let started = Instant::now();
-    expect_kind(client.try_lock(&key).await, ErrorKind::Unavailable, "failing store")?;
-    ensure!(started.elapsed() <= SLACK, "try-lock on a failing store took {:?}", started.elapsed());
+    expect_kind(
+        client.try_lock(&key).await,
+        ErrorKind::Unavailable,
+        "failing store",
+    )?;
+    ensure!(
+        started.elapsed() <= SLACK,
+        "try-lock on a failing store took {:?}",
+        started.elapsed()
+    );
     faulty.heal();
     let guard = client.lock(&key).wait_up_to(Duration::from_secs(5)).await?;
     ensure!(guard.release().await?, "lease gone at release");
@@ -157,16 +245,30 @@ pub async fn unreachable_store_reports_unavailable(ctx: &Ctx) -> Outcome {
     let backend = match connected {
         Ok(backend) => backend,
         Err(err) => {
-            ensure!(err.kind() == ErrorKind::Unavailable, "connecting to nothing gave {err}");
+            ensure!(
+                err.kind() == ErrorKind::Unavailable,
+                "connecting to nothing gave {err}"
+            );
             return Ok(());
         }
     };
     let client = lock_core::LockClient::from_dyn(backend);
     let bound = Duration::from_secs(1);
-    let options = AcquireOptions { wait: Wait::UpTo(bound), ..ctx.options() };
+    let options = AcquireOptions {
+        wait: Wait::UpTo(bound),
+        ..ctx.options()
+    };
     let started = Instant::now();
-    let err = expect_kind(client.lock(&key).options(options).await, ErrorKind::Unavailable, "unreachable store")?;
+    let err = expect_kind(
+        client.lock(&key).options(options).await,
+        ErrorKind::Unavailable,
+        "unreachable store",
+    )?;
     ensure!(err.is_retryable(), "unavailable must be retryable");
-    ensure!(started.elapsed() <= bound + SLACK, "gave up after {:?}", started.elapsed());
+    ensure!(
+        started.elapsed() <= bound + SLACK,
+        "gave up after {:?}",
+        started.elapsed()
+    );
     Ok(())
 }

@@ -26,14 +26,30 @@ pub async fn renewal_keeps_lock_across_ten_ttls(ctx: &Ctx) -> Outcome {
     };
     let until = Instant::now() + ttl * 10;
     while Instant::now() < until {
-        expect_kind(rival.try_lock(&key).await, ErrorKind::HeldByAnother, "rival try-lock while renewed")?;
+        expect_kind(
+            rival.try_lock(&key).await,
+            ErrorKind::HeldByAnother,
+            "rival try-lock while renewed",
+        )?;
         ensure!(guard.is_held(), "the renewed lease is not held");
         tokio::time::sleep(ttl / 4).await;
     }
-    let info = rival.inspect(&key).await?.ok_or_else(|| Failure("the key is free".into()))?;
-    ensure!(info.token == guard.token(), "the token changed while renewing");
-    ensure!(!lost.load(Ordering::SeqCst), "lost() fired for a renewed lease");
-    ensure!(guard.release().await?, "the renewed lease was gone at release");
+    let info = rival
+        .inspect(&key)
+        .await?
+        .ok_or_else(|| Failure("the key is free".into()))?;
+    ensure!(
+        info.token == guard.token(),
+        "the token changed while renewing"
+    );
+    ensure!(
+        !lost.load(Ordering::SeqCst),
+        "lost() fired for a renewed lease"
+    );
+    ensure!(
+        guard.release().await?,
+        "the renewed lease was gone at release"
+    );
     watcher.abort();
     Ok(())
 }
@@ -43,15 +59,24 @@ pub async fn no_zombie_renewal_after_release(ctx: &Ctx) -> Outcome {
     let ttl = ctx.short_ttl();
     let (client, faulty) = ctx.faulty_client().await?;
     for dropped in [false, true] {
-        let key = ctx.key(if dropped { "zombie-drop" } else { "zombie-release" });
+        let key = ctx.key(if dropped {
+            "zombie-drop"
+        } else {
+            "zombie-release"
+        });
         let guard = client.lock(&key).ttl(ttl).await?;
         let before = faulty.calls(Op::Renew);
-        eventually(ttl * 2, "the watchdog renews", || async { Ok(faulty.calls(Op::Renew) > before) }).await?;
+        eventually(ttl * 2, "the watchdog renews", || async {
+            Ok(faulty.calls(Op::Renew) > before)
+        })
+        .await?;
         if dropped {
             drop(guard);
-            eventually(ttl, "dropped guard is released in the background", || async {
-                Ok(client.inspect(&key).await?.is_none())
-            })
+            eventually(
+                ttl,
+                "dropped guard is released in the background",
+                || async { Ok(client.inspect(&key).await?.is_none()) },
+            )
             .await?;
         } else {
             ensure!(guard.release().await?, "lease gone at release");
@@ -59,7 +84,12 @@ pub async fn no_zombie_renewal_after_release(ctx: &Ctx) -> Outcome {
         let after = faulty.calls(Op::Renew);
         tokio::time::sleep(ttl * 2).await; // the watch window itself: renewals would happen at ttl/3
         let later = faulty.calls(Op::Renew);
-        ensure!(later == after, "{} renewals after the guard was {}", later - after, if dropped { "dropped" } else { "released" });
+        ensure!(
+            later == after,
+            "{} renewals after the guard was {}",
+            later - after,
+            if dropped { "dropped" } else { "released" }
+        );
     }
     Ok(())
 }
@@ -73,12 +103,21 @@ pub async fn lost_signal_precedes_takeover(ctx: &Ctx) -> Outcome {
     let rival = ctx.client().await?;
     let guard = holder.lock(&key).ttl(ttl).await?;
     let renewals = faulty.calls(Op::Renew);
-    eventually(ttl * 2, "a first renewal", || async { Ok(faulty.calls(Op::Renew) > renewals) }).await?;
+    eventually(ttl * 2, "a first renewal", || async {
+        Ok(faulty.calls(Op::Renew) > renewals)
+    })
+    .await?;
     faulty.inject(Op::Renew, Fault::BlackHole);
     faulty.inject(Op::Release, Fault::BlackHole);
     let rival_wait = tokio::spawn({
         let (rival, key) = (rival.clone(), key.clone());
-        async move { rival.lock(&key).wait_up_to(ttl * 6).await.map(|g| (g, Instant::now())) }
+        async move {
+            rival
+                .lock(&key)
+                .wait_up_to(ttl * 6)
+                .await
+                .map(|g| (g, Instant::now()))
+        }
     });
     within(ttl * 3, "lost() after renewals stopped", guard.lost()).await?;
     let lost_at = Instant::now();
@@ -104,8 +143,15 @@ pub async fn lost_signal_precedes_takeover(ctx: &Ctx) -> Outcome {
     );
     rival_guard.release().await?;
     ensure!(!guard.is_held(), "is_held() is true after lost()");
-    expect_kind(guard.renew().await, ErrorKind::Lost, "renewing a lost lease")?;
-    ensure!(!guard.release().await?, "a lost lease was reported held at release");
+    expect_kind(
+        guard.renew().await,
+        ErrorKind::Lost,
+        "renewing a lost lease",
+    )?;
+    ensure!(
+        !guard.release().await?,
+        "a lost lease was reported held at release"
+    );
     Ok(())
 }
 
@@ -121,9 +167,25 @@ pub async fn manual_renewal_extends_then_expires(ctx: &Ctx) -> Outcome {
         ensure!(guard.is_held(), "not held right after a manual renewal");
     }
     let last_sent = guard.lease().sent_at();
-    within(ttl + SLACK, "lost() once manual renewals stop", guard.lost()).await?;
-    ensure!(Instant::now() >= last_sent + ttl - guard.lease().drift_allowance() - Duration::from_millis(1), "lost() fired before the deadline");
-    expect_kind(guard.renew().await, ErrorKind::Lost, "renewing after the deadline")?;
-    ensure!(!guard.release().await?, "an expired lease was reported held at release");
+    within(
+        ttl + SLACK,
+        "lost() once manual renewals stop",
+        guard.lost(),
+    )
+    .await?;
+    ensure!(
+        Instant::now()
+            >= last_sent + ttl - guard.lease().drift_allowance() - Duration::from_millis(1),
+        "lost() fired before the deadline"
+    );
+    expect_kind(
+        guard.renew().await,
+        ErrorKind::Lost,
+        "renewing after the deadline",
+    )?;
+    ensure!(
+        !guard.release().await?,
+        "an expired lease was reported held at release"
+    );
     Ok(())
 }

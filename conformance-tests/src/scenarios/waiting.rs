@@ -15,11 +15,22 @@ pub async fn try_lock_returns_at_once(ctx: &Ctx) -> Outcome {
     let (holder, rival) = (ctx.client().await?, ctx.client().await?);
     let guard = holder.lock(&key).await?;
     let started = Instant::now();
-    let err = expect_kind(rival.try_lock(&key).await, ErrorKind::HeldByAnother, "try-lock of a held key")?;
-    ensure!(started.elapsed() < SLACK, "try-lock took {:?}", started.elapsed());
+    let err = expect_kind(
+        rival.try_lock(&key).await,
+        ErrorKind::HeldByAnother,
+        "try-lock of a held key",
+    )?;
+    ensure!(
+        started.elapsed() < SLACK,
+        "try-lock took {:?}",
+        started.elapsed()
+    );
     ensure!(err.is_retryable(), "held-by-another must be retryable");
     ensure!(guard.release().await?, "holder lost its lease");
-    ensure!(rival.inspect(&key).await?.is_none(), "the failed try-lock left a hold behind");
+    ensure!(
+        rival.inspect(&key).await?.is_none(),
+        "the failed try-lock left a hold behind"
+    );
     Ok(())
 }
 
@@ -31,14 +42,30 @@ pub async fn bounded_wait_times_out(ctx: &Ctx) -> Outcome {
     let (holder, waiter) = (ctx.client().await?, ctx.client().await?);
     let guard = holder.lock(&key).await?;
     let started = Instant::now();
-    expect_kind(waiter.lock(&key).wait_up_to(bound).await, ErrorKind::TimedOut, "bounded wait")?;
+    expect_kind(
+        waiter.lock(&key).wait_up_to(bound).await,
+        ErrorKind::TimedOut,
+        "bounded wait",
+    )?;
     let waited = started.elapsed();
-    ensure!(waited >= bound, "gave up after {waited:?}, before the bound of {bound:?}");
-    ensure!(waited <= bound + SLACK, "gave up after {waited:?}, bound {bound:?}");
+    ensure!(
+        waited >= bound,
+        "gave up after {waited:?}, before the bound of {bound:?}"
+    );
+    ensure!(
+        waited <= bound + SLACK,
+        "gave up after {waited:?}, bound {bound:?}"
+    );
     ensure!(guard.release().await?, "holder lost its lease");
-    ensure!(waiter.inspect(&key).await?.is_none(), "the timed-out waiter left a hold behind");
+    ensure!(
+        waiter.inspect(&key).await?.is_none(),
+        "the timed-out waiter left a hold behind"
+    );
     let residue = ctx.factory().residue(&key).await?;
-    ensure!(residue.is_empty(), "the timed-out waiter left state behind: {residue:?}");
+    ensure!(
+        residue.is_empty(),
+        "the timed-out waiter left state behind: {residue:?}"
+    );
     Ok(())
 }
 
@@ -48,12 +75,18 @@ async fn until_waiting(ctx: &Ctx, faulty: &FaultyBackend, key: &str, before: u64
     if ctx.capabilities().fair_ordering {
         let (observer, key) = (ctx.backend().await?, LockKey::new(key)?);
         eventually(SLACK * 10, "the waiter queues", || async {
-            Ok(observer.inspect(&key).await?.and_then(|info| info.waiters).is_some_and(|n| n > 0))
+            Ok(observer
+                .inspect(&key)
+                .await?
+                .and_then(|info| info.waiters)
+                .is_some_and(|n| n > 0))
         })
         .await
     } else {
-        eventually(SLACK * 10, "the waiter's first attempt", || async { Ok(faulty.completed(Op::Acquire) > before) })
-            .await
+        eventually(SLACK * 10, "the waiter's first attempt", || async {
+            Ok(faulty.completed(Op::Acquire) > before)
+        })
+        .await
     }
 }
 
@@ -66,25 +99,44 @@ pub async fn waiter_wakes_promptly_after_release(ctx: &Ctx) -> Outcome {
     let (waiter, faulty) = ctx.faulty_client().await?;
     let guard = holder.lock(&key).await?;
     let backoff = if ctx.capabilities().native_notification {
-        Backoff { initial: Duration::from_secs(5), max: Duration::from_secs(5) }
+        Backoff {
+            initial: Duration::from_secs(5),
+            max: Duration::from_secs(5),
+        }
     } else {
         Backoff::default()
     };
-    let options = AcquireOptions { backoff, ..ctx.options() };
+    let options = AcquireOptions {
+        backoff,
+        ..ctx.options()
+    };
     let before = faulty.completed(Op::Acquire);
     let task = tokio::spawn({
         let key = key.clone();
-        async move { waiter.lock(&key).options(options).await.map(|g| (g, Instant::now())) }
+        async move {
+            waiter
+                .lock(&key)
+                .options(options)
+                .await
+                .map(|g| (g, Instant::now()))
+        }
     });
     until_waiting(ctx, &faulty, &key, before).await?;
     let released_at = Instant::now();
     ensure!(guard.release().await?, "holder lost its lease");
-    let bound = if ctx.capabilities().native_notification { SLACK } else { backoff.max + SLACK };
+    let bound = if ctx.capabilities().native_notification {
+        SLACK
+    } else {
+        backoff.max + SLACK
+    };
     let (got, got_at) = within(bound + Duration::from_secs(5), "waiter", task)
         .await?
         .map_err(|e| Failure(format!("waiter task failed: {e}")))??;
     let latency = got_at - released_at;
-    ensure!(latency <= bound, "the waiter took {latency:?} after the release (bound {bound:?})");
+    ensure!(
+        latency <= bound,
+        "the waiter took {latency:?} after the release (bound {bound:?})"
+    );
     got.release().await?;
     Ok(())
 }
@@ -97,21 +149,40 @@ pub async fn waiter_wakes_despite_dropped_notification(ctx: &Ctx) -> Outcome {
     let (waiter, faulty) = ctx.faulty_client().await?;
     faulty.inject(Op::Watch, Fault::DropNotifications);
     let guard = holder.lock(&key).await?;
-    let backoff = Backoff { initial: Duration::from_millis(300), max: Duration::from_millis(300) };
-    let options = AcquireOptions { backoff, ..ctx.options() };
+    let backoff = Backoff {
+        initial: Duration::from_millis(300),
+        max: Duration::from_millis(300),
+    };
+    let options = AcquireOptions {
+        backoff,
+        ..ctx.options()
+    };
     let before = faulty.completed(Op::Acquire);
     let task = tokio::spawn({
         let key = key.clone();
-        async move { waiter.lock(&key).options(options).await.map(|g| (g, Instant::now())) }
+        async move {
+            waiter
+                .lock(&key)
+                .options(options)
+                .await
+                .map(|g| (g, Instant::now()))
+        }
     });
     until_waiting(ctx, &faulty, &key, before).await?;
-    ensure!(faulty.calls(Op::Watch) > 0, "the waiter never subscribed to notifications");
+    ensure!(
+        faulty.calls(Op::Watch) > 0,
+        "the waiter never subscribed to notifications"
+    );
     let released_at = Instant::now();
     ensure!(guard.release().await?, "holder lost its lease");
     let (got, got_at) = within(backoff.max + SLACK, "waiter without notification", task)
         .await?
         .map_err(|e| Failure(format!("waiter task failed: {e}")))??;
-    ensure!(got_at - released_at <= backoff.max + SLACK, "the waiter took {:?}", got_at - released_at);
+    ensure!(
+        got_at - released_at <= backoff.max + SLACK,
+        "the waiter took {:?}",
+        got_at - released_at
+    );
     got.release().await?;
     Ok(())
 }
@@ -143,10 +214,14 @@ pub async fn fifo_order_with_dead_waiter(ctx: &Ctx) -> Outcome {
         .await?;
     }
     waiters[1].abort();
-    eventually(Duration::from_secs(5), "dead waiter leaves the queue", || async {
-        let info = observer.inspect(&lock_key).await?;
-        Ok(info.and_then(|i| i.waiters) == Some(2))
-    })
+    eventually(
+        Duration::from_secs(5),
+        "dead waiter leaves the queue",
+        || async {
+            let info = observer.inspect(&lock_key).await?;
+            Ok(info.and_then(|i| i.waiters) == Some(2))
+        },
+    )
     .await?;
     guard.release().await?;
     for (index, waiter) in waiters.into_iter().enumerate() {
@@ -160,6 +235,9 @@ pub async fn fifo_order_with_dead_waiter(ctx: &Ctx) -> Outcome {
     let order = order.lock().unwrap_or_else(|p| p.into_inner()).clone();
     ensure!(order == vec!["first", "third"], "grant order was {order:?}");
     let residue = ctx.factory().residue(&key).await?;
-    ensure!(residue.is_empty(), "the queue left state behind: {residue:?}");
+    ensure!(
+        residue.is_empty(),
+        "the queue left state behind: {residue:?}"
+    );
     Ok(())
 }

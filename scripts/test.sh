@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs every test of the workspace. Installs the store servers the tests start for
+# themselves (Debian packages) when they are missing; the tests never use the machine's
+# own running services, so nothing has to be started by hand.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# binary:package pairs the tests need.
+needed=(redis-server:redis-server)
+
+missing=()
+for pair in "${needed[@]}"; do
+  binary=${pair%%:*} package=${pair#*:}
+  if ! command -v "$binary" >/dev/null 2>&1 && ! [ -x "/usr/sbin/$binary" ] && ! [ -x "/usr/bin/$binary" ]; then
+    missing+=("$package")
+  fi
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "missing packages: ${missing[*]}; run this script as root to install them" >&2
+    exit 1
+  fi
+  echo "installing: ${missing[*]}"
+  apt-get update -qq
+  # The packages' own services are not wanted: tests start private instances.
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+cargo test --workspace --all-targets --no-fail-fast
+cargo test --workspace --doc
