@@ -5,13 +5,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# binary:package pairs the tests need.
-needed=(redis-server:redis-server)
+# The server binaries the tests start for themselves, as "path-glob package" pairs.
+needed=(
+  "/usr/bin/redis-server redis-server"
+  "/usr/lib/postgresql/*/bin/initdb postgresql"
+  "/usr/sbin/mariadbd mariadb-server"
+)
 
 missing=()
 for pair in "${needed[@]}"; do
-  binary=${pair%%:*} package=${pair#*:}
-  if ! command -v "$binary" >/dev/null 2>&1 && ! [ -x "/usr/sbin/$binary" ] && ! [ -x "/usr/bin/$binary" ]; then
+  read -r pattern package <<<"$pair"
+  # shellcheck disable=SC2086 # the glob must expand
+  if ! compgen -G $pattern >/dev/null; then
     missing+=("$package")
   fi
 done

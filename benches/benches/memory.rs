@@ -50,8 +50,8 @@ fn main() {
             "library / raw median ratio: {:.2}",
             library.median.as_secs_f64() / raw.median.as_secs_f64()
         );
-        report("16 tasks, distinct keys, per cycle", &distinct);
-        report("8 tasks, one key, per handover", &shared);
+        report("16 tasks, distinct keys, mean per cycle", &distinct);
+        report("8 tasks, one key, mean per handover", &shared);
     });
 }
 

@@ -1,0 +1,1 @@
+//! distlock backend, being written.
