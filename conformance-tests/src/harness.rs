@@ -217,3 +217,64 @@ pub async fn within<T>(
         .await
         .map_err(|_| Failure(format!("{what}: did not finish within {within:?}")))
 }
+
+/// Waits for every task of `tasks`, failing on the first failure, a panic, or when they
+/// take longer than `limit` together.
+pub async fn join_all(
+    limit: Duration,
+    what: &str,
+    tasks: &mut tokio::task::JoinSet<Outcome>,
+) -> Outcome {
+    within(limit, what, async {
+        while let Some(done) = tasks.join_next().await {
+            done.map_err(|e| Failure(format!("{what}: task panicked: {e}")))??;
+        }
+        Ok(())
+    })
+    .await?
+}
+
+/// Starts `client` locking `key` with `options` in a task that also notes when the lock
+/// was granted.
+pub fn spawn_lock(
+    client: lock_core::LockClient,
+    key: &str,
+    options: AcquireOptions,
+) -> tokio::task::JoinHandle<lock_core::Result<(lock_core::LockGuard, Instant)>> {
+    let key = key.to_string();
+    tokio::spawn(async move {
+        let guard = client.lock(&key).options(options).await?;
+        Ok((guard, Instant::now()))
+    })
+}
+
+/// Awaits a task from [`spawn_lock`] for at most `limit`.
+pub async fn granted_within(
+    limit: Duration,
+    what: &str,
+    task: tokio::task::JoinHandle<lock_core::Result<(lock_core::LockGuard, Instant)>>,
+) -> Result<(lock_core::LockGuard, Instant), Failure> {
+    Ok(within(limit, what, task)
+        .await?
+        .map_err(|e| Failure(format!("{what}: task failed: {e}")))??)
+}
+
+/// Expects `attempt` to fail with a retryable [`ErrorKind::Unavailable`] no later than
+/// `bound` plus [`SLACK`].
+///
+/// [`ErrorKind::Unavailable`]: lock_core::ErrorKind::Unavailable
+pub async fn unavailable_within<T: fmt::Debug>(
+    bound: Duration,
+    what: &str,
+    attempt: impl std::future::IntoFuture<Output = lock_core::Result<T>>,
+) -> Outcome {
+    let started = Instant::now();
+    let err = expect_kind(attempt.await, lock_core::ErrorKind::Unavailable, what)?;
+    ensure!(err.is_retryable(), "{what}: unavailable must be retryable");
+    ensure!(
+        started.elapsed() <= bound + SLACK,
+        "{what}: gave up after {:?}, bound {bound:?}",
+        started.elapsed()
+    );
+    Ok(())
+}

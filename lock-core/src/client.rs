@@ -248,9 +248,13 @@ pub(crate) async fn acquire_lease(
                 span.record("token", lease.token().get());
                 cleanup.request = None;
             }
-            // A definite "held" means the store holds nothing of ours: any earlier applied
-            // attempt would have been returned as ours by the last one.
-            Err(err) if !matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::Internal) => {
+            // Nothing was sent, or the only attempt got a definite "held": the store holds
+            // nothing of ours. After a wait, an early attempt that timed out may still
+            // reach the store late, so a failed wait always cleans up.
+            Err(err)
+                if matches!(err.kind(), ErrorKind::InvalidInput | ErrorKind::Unsupported)
+                    || (options.wait == Wait::No && err.kind() == ErrorKind::HeldByAnother) =>
+            {
                 cleanup.request = None;
             }
             Err(_) => {}

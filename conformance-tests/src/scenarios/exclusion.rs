@@ -8,7 +8,7 @@ use lock_core::{AcquireRequest, FencedResource, FencingToken, LockBackendExt, Re
 use tokio::task::JoinSet;
 
 use crate::ensure;
-use crate::harness::{eventually, within, Ctx, Failure, Outcome};
+use crate::harness::{eventually, join_all, within, Ctx, Failure, Outcome};
 
 const CLIENTS: usize = 4;
 const ROUNDS: usize = 8;
@@ -47,13 +47,7 @@ pub async fn mutual_exclusion(ctx: &Ctx) -> Outcome {
             Ok::<(), Failure>(())
         });
     }
-    within(Duration::from_secs(60), "contending workers", async {
-        while let Some(done) = workers.join_next().await {
-            done.map_err(|e| Failure(format!("worker panicked: {e}")))??;
-        }
-        Ok::<(), Failure>(())
-    })
-    .await??;
+    join_all(Duration::from_secs(60), "contending workers", &mut workers).await?;
     ensure!(
         !overlapped.load(Ordering::SeqCst),
         "two holders were inside the critical section at once"
@@ -102,13 +96,7 @@ pub async fn history_is_serial_with_increasing_tokens(ctx: &Ctx) -> Outcome {
             Ok::<(), Failure>(())
         });
     }
-    within(Duration::from_secs(60), "contending workers", async {
-        while let Some(done) = workers.join_next().await {
-            done.map_err(|e| Failure(format!("worker panicked: {e}")))??;
-        }
-        Ok::<(), Failure>(())
-    })
-    .await??;
+    join_all(Duration::from_secs(60), "contending workers", &mut workers).await?;
     let mut tenures = history.lock().unwrap_or_else(|p| p.into_inner()).clone();
     tenures.sort_by_key(|t| t.from);
     ensure!(

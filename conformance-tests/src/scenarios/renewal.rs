@@ -4,11 +4,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lock_core::{ErrorKind, Renewal};
+use lock_core::{AcquireOptions, ErrorKind, Renewal, Wait};
 
 use crate::ensure;
 use crate::faults::{Fault, Op};
-use crate::harness::{eventually, expect_kind, within, Ctx, Failure, Outcome, SLACK};
+use crate::harness::{
+    eventually, expect_kind, granted_within, spawn_lock, within, Ctx, Failure, Outcome, SLACK,
+};
 
 /// Automatic renewal keeps a short-TTL lock for ten TTLs; nobody else gets it meanwhile.
 pub async fn renewal_keeps_lock_across_ten_ttls(ctx: &Ctx) -> Outcome {
@@ -109,21 +111,17 @@ pub async fn lost_signal_precedes_takeover(ctx: &Ctx) -> Outcome {
     .await?;
     faulty.inject(Op::Renew, Fault::BlackHole);
     faulty.inject(Op::Release, Fault::BlackHole);
-    let rival_wait = tokio::spawn({
-        let (rival, key) = (rival.clone(), key.clone());
-        async move {
-            rival
-                .lock(&key)
-                .wait_up_to(ttl * 6)
-                .await
-                .map(|g| (g, Instant::now()))
-        }
-    });
+    let rival_wait = spawn_lock(
+        rival,
+        &key,
+        AcquireOptions {
+            wait: Wait::UpTo(ttl * 6),
+            ..ctx.options()
+        },
+    );
     within(ttl * 3, "lost() after renewals stopped", guard.lost()).await?;
     let lost_at = Instant::now();
-    let (rival_guard, rival_got_it) = rival_wait
-        .await
-        .map_err(|e| Failure(format!("rival task failed: {e}")))??;
+    let (rival_guard, rival_got_it) = granted_within(ttl * 7, "rival", rival_wait).await?;
     let last = guard.lease();
     // The holder's deadline is what lost() fires on; the comparison with the rival's grant
     // does not depend on how promptly this task is scheduled.

@@ -7,7 +7,9 @@ use lock_core::{AcquireOptions, Backoff, ErrorKind, LockKey};
 
 use crate::ensure;
 use crate::faults::{Fault, FaultyBackend, Op};
-use crate::harness::{eventually, expect_kind, within, Ctx, Failure, Outcome, SLACK};
+use crate::harness::{
+    eventually, expect_kind, granted_within, spawn_lock, within, Ctx, Failure, Outcome, SLACK,
+};
 
 /// A try-lock on a held key fails at once with "held by another".
 pub async fn try_lock_returns_at_once(ctx: &Ctx) -> Outcome {
@@ -94,10 +96,6 @@ async fn until_waiting(ctx: &Ctx, faulty: &FaultyBackend, key: &str, before: u64
 /// where the store notifies (the fallback poll is set far longer), or within one poll
 /// interval where it does not.
 pub async fn waiter_wakes_promptly_after_release(ctx: &Ctx) -> Outcome {
-    let key = ctx.key("wake");
-    let holder = ctx.client().await?;
-    let (waiter, faulty) = ctx.faulty_client().await?;
-    let guard = holder.lock(&key).await?;
     let backoff = if ctx.capabilities().native_notification {
         Backoff {
             initial: Duration::from_secs(5),
@@ -106,82 +104,70 @@ pub async fn waiter_wakes_promptly_after_release(ctx: &Ctx) -> Outcome {
     } else {
         Backoff::default()
     };
-    let options = AcquireOptions {
-        backoff,
-        ..ctx.options()
-    };
-    let before = faulty.completed(Op::Acquire);
-    let task = tokio::spawn({
-        let key = key.clone();
-        async move {
-            waiter
-                .lock(&key)
-                .options(options)
-                .await
-                .map(|g| (g, Instant::now()))
-        }
-    });
-    until_waiting(ctx, &faulty, &key, before).await?;
-    let released_at = Instant::now();
-    ensure!(guard.release().await?, "holder lost its lease");
     let bound = if ctx.capabilities().native_notification {
         SLACK
     } else {
         backoff.max + SLACK
     };
-    let (got, got_at) = within(bound + Duration::from_secs(5), "waiter", task)
-        .await?
-        .map_err(|e| Failure(format!("waiter task failed: {e}")))??;
-    let latency = got_at - released_at;
-    ensure!(
-        latency <= bound,
-        "the waiter took {latency:?} after the release (bound {bound:?})"
-    );
-    got.release().await?;
-    Ok(())
+    release_wakes_waiter(ctx, "wake", backoff, bound, false).await
 }
 
 /// A waiter still gets the key when the release notification is lost: the fallback poll
 /// bounded by the backoff cap covers it.
 pub async fn waiter_wakes_despite_dropped_notification(ctx: &Ctx) -> Outcome {
-    let key = ctx.key("dropped-notification");
-    let holder = ctx.client().await?;
-    let (waiter, faulty) = ctx.faulty_client().await?;
-    faulty.inject(Op::Watch, Fault::DropNotifications);
-    let guard = holder.lock(&key).await?;
     let backoff = Backoff {
         initial: Duration::from_millis(300),
         max: Duration::from_millis(300),
     };
-    let options = AcquireOptions {
+    release_wakes_waiter(
+        ctx,
+        "dropped-notification",
         backoff,
-        ..ctx.options()
-    };
+        backoff.max + SLACK,
+        true,
+    )
+    .await
+}
+
+/// Holds a key until a waiter (polling with `backoff`, its notifications dropped if asked)
+/// is waiting, releases it, and checks the waiter got it within `bound`.
+async fn release_wakes_waiter(
+    ctx: &Ctx,
+    name: &str,
+    backoff: Backoff,
+    bound: Duration,
+    drop_notifications: bool,
+) -> Outcome {
+    let key = ctx.key(name);
+    let holder = ctx.client().await?;
+    let (waiter, faulty) = ctx.faulty_client().await?;
+    if drop_notifications {
+        faulty.inject(Op::Watch, Fault::DropNotifications);
+    }
+    let guard = holder.lock(&key).await?;
     let before = faulty.completed(Op::Acquire);
-    let task = tokio::spawn({
-        let key = key.clone();
-        async move {
-            waiter
-                .lock(&key)
-                .options(options)
-                .await
-                .map(|g| (g, Instant::now()))
-        }
-    });
-    until_waiting(ctx, &faulty, &key, before).await?;
-    ensure!(
-        faulty.calls(Op::Watch) > 0,
-        "the waiter never subscribed to notifications"
+    let task = spawn_lock(
+        waiter,
+        &key,
+        AcquireOptions {
+            backoff,
+            ..ctx.options()
+        },
     );
+    until_waiting(ctx, &faulty, &key, before).await?;
+    if drop_notifications {
+        ensure!(
+            faulty.calls(Op::Watch) > 0,
+            "the waiter never subscribed to notifications"
+        );
+    }
     let released_at = Instant::now();
     ensure!(guard.release().await?, "holder lost its lease");
-    let (got, got_at) = within(backoff.max + SLACK, "waiter without notification", task)
-        .await?
-        .map_err(|e| Failure(format!("waiter task failed: {e}")))??;
+    let (got, got_at) = granted_within(bound + Duration::from_secs(5), "waiter", task).await?;
+    let latency = got_at - released_at;
     ensure!(
-        got_at - released_at <= backoff.max + SLACK,
-        "the waiter took {:?}",
-        got_at - released_at
+        latency <= bound,
+        "the waiter took {latency:?} after the release (bound {bound:?})"
     );
     got.release().await?;
     Ok(())
