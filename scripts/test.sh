@@ -31,5 +31,6 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-cargo test --workspace --all-targets --no-fail-fast
+# Benches are measured with `cargo bench`, not run as tests.
+cargo test --workspace --lib --bins --tests --examples --no-fail-fast
 cargo test --workspace --doc
