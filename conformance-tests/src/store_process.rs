@@ -3,10 +3,12 @@
 //! Scenarios about crashes, stalls and restarts need to do to the store what production
 //! does to it: freeze it ([`StoreProcess::pause`]), kill it ([`StoreProcess::kill`]) and bring
 //! it back on the same address with the same data ([`StoreProcess::restart`]). A
-//! [`StoreSpec`] describes how to run one kind of server; [`StoreSpec::redis`] is the first.
+//! [`StoreSpec`] describes how to run one kind of server: [`StoreSpec::redis`],
+//! [`StoreSpec::postgres`] and [`StoreSpec::mariadb`] are ready-made.
 //!
-//! The server runs in its own process group and is signalled as a group, so servers that
-//! fork workers (PostgreSQL) are paused and killed as a whole. The flip side is that a
+//! The server runs in its own process group and is signalled as a group, together with
+//! every descendant that left the group (PostgreSQL backends call `setsid`), so servers
+//! that fork workers are paused and killed as a whole. The flip side is that a
 //! terminal's Ctrl-C does not reach it; the fixture kills it on drop instead.
 
 use std::fmt;
@@ -14,6 +16,7 @@ use std::fs::{self, File, OpenOptions};
 use std::future::Future;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::os::unix::fs::{chown, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -49,6 +52,7 @@ pub struct StoreSpec {
     setup: Option<Box<SetupFn>>,
     probe: Option<Box<ProbeFn>>,
     ready_timeout: Duration,
+    run_as: Option<String>,
 }
 
 impl StoreSpec {
@@ -63,7 +67,17 @@ impl StoreSpec {
             setup: None,
             probe: None,
             ready_timeout: Duration::from_secs(20),
+            run_as: None,
         }
+    }
+
+    /// Runs the server as the system user `user` (for servers that refuse to run as root,
+    /// such as PostgreSQL). The temporary and data directories are handed to that user
+    /// before the setup step, which must itself drop privileges for the commands it runs
+    /// (see [`system_user`]). Without root privileges this does nothing.
+    pub fn run_as(mut self, user: impl Into<String>) -> Self {
+        self.run_as = Some(user.into());
+        self
     }
 
     /// The command-line arguments for a given port and data directory. Called on every
@@ -138,7 +152,162 @@ impl fmt::Debug for StoreSpec {
             .field("setup", &self.setup.is_some())
             .field("probe", &self.probe.is_some())
             .field("ready_timeout", &self.ready_timeout)
+            .field("run_as", &self.run_as)
             .finish_non_exhaustive()
+    }
+}
+
+/// The superuser password of [`StoreSpec::postgres`] servers (user `postgres`).
+pub const POSTGRES_PASSWORD: &str = "distlock-test";
+/// The database, user and password [`StoreSpec::mariadb`] creates besides `root` (which
+/// has an empty password over TCP).
+pub const MARIADB_DATABASE: &str = "distlock";
+/// See [`MARIADB_DATABASE`].
+pub const MARIADB_USER: &str = "distlock";
+/// See [`MARIADB_DATABASE`].
+pub const MARIADB_PASSWORD: &str = "distlock-test";
+
+/// Where Debian installs the newest PostgreSQL's server binaries.
+fn postgres_bin_dir() -> Option<PathBuf> {
+    let mut dirs: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let version = entry.file_name().to_str()?.parse().ok()?;
+            Some((version, entry.path().join("bin")))
+        })
+        .filter(|(_, bin)| bin.join("postgres").is_file())
+        .collect();
+    dirs.sort();
+    dirs.pop().map(|(_, bin)| bin)
+}
+
+impl StoreSpec {
+    /// A private PostgreSQL server (the newest installed under `/usr/lib/postgresql`), run
+    /// as the `postgres` user: `initdb` with superuser `postgres` and password
+    /// [`POSTGRES_PASSWORD`] (checked over TCP, sent in clear text on loopback), listening on 127.0.0.1 only, with its unix
+    /// socket in the data directory. Writes are fsynced as in production.
+    pub fn postgres() -> Self {
+        let bin = postgres_bin_dir().unwrap_or_else(|| PathBuf::from("/usr/lib/postgresql/15/bin"));
+        let initdb = bin.join("initdb");
+        StoreSpec::new(bin.join("postgres"), "postgresql")
+            .run_as("postgres")
+            .setup(move |data| {
+                let pwfile = data.with_file_name("pwfile");
+                fs::write(&pwfile, POSTGRES_PASSWORD)?;
+                fs::set_permissions(&pwfile, fs::Permissions::from_mode(0o644))?;
+                let mut command = Command::new(&initdb);
+                command
+                    .arg("-D")
+                    .arg(data)
+                    .args(["-U", "postgres", "-E", "UTF8", "--no-locale"])
+                    // `password` (cleartext over loopback) rather than scram: the server still
+                    // checks the stored scram hash, but clients skip the PBKDF2 work, which
+                    // in unoptimised test builds costs more than the lock calls measured.
+                    .args(["--auth-local=trust", "--auth-host=password"])
+                    .arg(format!("--pwfile={}", pwfile.display()));
+                run_setup_command(command, "postgres")
+            })
+            .args(|port, data| {
+                let data = data.display().to_string();
+                [
+                    "-D",
+                    &data,
+                    "-p",
+                    &port.to_string(),
+                    "-k",
+                    &data,
+                    "-c",
+                    "listen_addresses=127.0.0.1",
+                    "-c",
+                    "max_connections=300",
+                ]
+                .map(str::to_owned)
+                .to_vec()
+            })
+            .probe(postgres_ready)
+    }
+
+    /// A private MariaDB server run as the `mysql` user, root with an empty password over
+    /// TCP, plus the database [`MARIADB_DATABASE`] and the user [`MARIADB_USER`] /
+    /// [`MARIADB_PASSWORD`] with all privileges on it (created at every start, idempotently).
+    pub fn mariadb() -> Self {
+        StoreSpec::new("mariadbd", "mariadb-server")
+            .run_as("mysql")
+            .setup(|data| {
+                let init = data.with_file_name("init.sql");
+                fs::write(
+                    &init,
+                    format!(
+                        "CREATE DATABASE IF NOT EXISTS {MARIADB_DATABASE};\n\
+                         CREATE USER IF NOT EXISTS '{MARIADB_USER}'@'%' IDENTIFIED BY '{MARIADB_PASSWORD}';\n\
+                         GRANT ALL ON {MARIADB_DATABASE}.* TO '{MARIADB_USER}'@'%';\n"
+                    ),
+                )?;
+                fs::set_permissions(&init, fs::Permissions::from_mode(0o644))?;
+                let mut command = Command::new("mariadb-install-db");
+                command
+                    .arg("--no-defaults")
+                    .arg(format!("--datadir={}", data.display()))
+                    .args(["--user=mysql", "--auth-root-authentication-method=normal"])
+                    // Parallel installs must not share /tmp's temporary tables.
+                    .env("TMPDIR", data.parent().unwrap_or(data));
+                run_setup_command(command, "mysql")
+            })
+            .args(|port, data| {
+                let dir = data.parent().unwrap_or(data).display().to_string();
+                vec![
+                    "--no-defaults".to_owned(),
+                    format!("--datadir={}", data.display()),
+                    format!("--socket={dir}/mysqld.sock"),
+                    format!("--pid-file={dir}/mysqld.pid"),
+                    format!("--init-file={dir}/init.sql"),
+                    format!("--tmpdir={dir}"),
+                    format!("--port={port}"),
+                    "--bind-address=127.0.0.1".to_owned(),
+                    "--user=mysql".to_owned(),
+                    "--max-connections=500".to_owned(),
+                    "--skip-name-resolve".to_owned(),
+                ]
+            })
+            .probe(mariadb_ready)
+    }
+}
+
+/// PostgreSQL accepts connections while it starts up or recovers and refuses them with an
+/// error; an authentication request means it is ready.
+async fn postgres_ready(addr: SocketAddr) -> io::Result<()> {
+    let mut stream = TcpStream::connect(addr).await?;
+    let params = b"user\0postgres\0database\0postgres\0\0";
+    let mut startup = Vec::new();
+    startup.extend_from_slice(&(8 + params.len() as u32).to_be_bytes());
+    startup.extend_from_slice(&196_608u32.to_be_bytes());
+    startup.extend_from_slice(params);
+    stream.write_all(&startup).await?;
+    let mut tag = [0u8; 1];
+    stream.read_exact(&mut tag).await?;
+    match tag[0] {
+        b'R' => Ok(()),
+        other => Err(io::Error::other(format!(
+            "startup answered with message {:?}",
+            char::from(other)
+        ))),
+    }
+}
+
+/// MariaDB greets with a protocol-10 handshake once it serves; an error packet
+/// (0xff) otherwise.
+async fn mariadb_ready(addr: SocketAddr) -> io::Result<()> {
+    let mut stream = TcpStream::connect(addr).await?;
+    let mut header = [0u8; 5];
+    stream.read_exact(&mut header).await?;
+    if header[4] == 10 {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!(
+            "greeting starts with {:#04x}, not a handshake",
+            header[4]
+        )))
     }
 }
 
@@ -294,6 +463,14 @@ impl StoreProcess {
             .map_err(io_error("create the store's temporary directory"))?;
         let data_dir = dir.path().join("data");
         fs::create_dir(&data_dir).map_err(io_error("create the store's data directory"))?;
+        if let Some((uid, gid)) = spec_ids(&spec)? {
+            for path in [dir.path(), data_dir.as_path()] {
+                chown(path, Some(uid), Some(gid)).map_err(io_error(format!(
+                    "hand {} to the server's user",
+                    path.display()
+                )))?;
+            }
+        }
         if let Some(setup) = &spec.setup {
             setup(&data_dir).map_err(io_error(format!("set up {}", binary.display())))?;
         }
@@ -361,6 +538,7 @@ impl StoreProcess {
         let Some(child) = &mut self.child else {
             return Ok(());
         };
+        let strays = descendants(child.id());
         match signal_group(child.id(), libc::SIGKILL) {
             // ESRCH: the whole group is already gone, only reaping is left.
             Err(error) if error.raw_os_error() != Some(libc::ESRCH) => {
@@ -368,6 +546,7 @@ impl StoreProcess {
             }
             _ => {}
         }
+        signal_each(&strays, libc::SIGKILL);
         child.wait().map_err(io_error("reap the store process"))?;
         self.child = None;
         Ok(())
@@ -382,7 +561,16 @@ impl StoreProcess {
 
     fn signal(&self, signal: libc::c_int, action: &str) -> Result<(), StoreProcessError> {
         let child = self.child.as_ref().ok_or(StoreProcessError::NotRunning)?;
-        signal_group(child.id(), signal).map_err(io_error(format!("{action} the store process")))
+        if signal == libc::SIGCONT {
+            signal_each(&descendants(child.id()), signal);
+        }
+        signal_group(child.id(), signal)
+            .map_err(io_error(format!("{action} the store process")))?;
+        if signal != libc::SIGCONT {
+            // The group leader is stopped first, so it forks no new workers meanwhile.
+            signal_each(&descendants(child.id()), signal);
+        }
+        Ok(())
     }
 
     async fn launch(&mut self) -> Result<(), StoreProcessError> {
@@ -395,7 +583,11 @@ impl StoreProcess {
             .try_clone()
             .map_err(io_error("open the store's log file"))?;
         let data_dir = self.data_dir();
-        let child = Command::new(&self.binary)
+        let mut command = Command::new(&self.binary);
+        if let Some((uid, gid)) = spec_ids(&self.spec)? {
+            command.uid(uid).gid(gid);
+        }
+        let child = command
             .args((self.spec.args)(self.port, &data_dir))
             .envs(self.spec.env.iter().map(|(key, value)| (key, value)))
             .current_dir(&data_dir)
@@ -476,6 +668,58 @@ impl Drop for StoreProcess {
     }
 }
 
+/// The ids to run the spec's server as, when it names a user and we are root.
+fn spec_ids(spec: &StoreSpec) -> Result<Option<(u32, u32)>, StoreProcessError> {
+    match &spec.run_as {
+        Some(user) if is_root() => system_user(user)
+            .map(Some)
+            .map_err(io_error(format!("look up the system user `{user}`"))),
+        _ => Ok(None),
+    }
+}
+
+fn is_root() -> bool {
+    // The owner of /proc/self is the process's effective uid; no unsafe getuid() needed.
+    fs::metadata("/proc/self")
+        .map(|meta| std::os::unix::fs::MetadataExt::uid(&meta) == 0)
+        .unwrap_or(false)
+}
+
+/// The uid and gid of the system user `name`, from `/etc/passwd`.
+pub fn system_user(name: &str) -> io::Result<(u32, u32)> {
+    let passwd = fs::read_to_string("/etc/passwd")?;
+    passwd
+        .lines()
+        .map(|line| line.split(':').collect::<Vec<_>>())
+        .find(|fields| fields.first() == Some(&name) && fields.len() > 3)
+        .and_then(|fields| Some((fields[2].parse().ok()?, fields[3].parse().ok()?)))
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no system user `{name}` (installing the server package creates it)"),
+            )
+        })
+}
+
+/// Runs a setup command to completion as `user` (when root), failing with its output.
+fn run_setup_command(mut command: Command, user: &str) -> io::Result<()> {
+    if is_root() {
+        let (uid, gid) = system_user(user)?;
+        command.uid(uid).gid(gid);
+    }
+    let output = command.stdin(Stdio::null()).output()?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!(
+            "{command:?} failed ({}):\n{}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )))
+    }
+}
+
 fn missing(spec: &StoreSpec) -> StoreProcessError {
     StoreProcessError::BinaryMissing {
         binary: spec.binary.display().to_string(),
@@ -522,6 +766,60 @@ fn signal_group(pid: u32, signal: libc::c_int) -> io::Result<()> {
     // of our own child, which leads its own process group (`process_group(0)`) and has not
     // been reaped, so the id cannot have been reused by an unrelated group.
     match unsafe { libc::kill(-group, signal) } {
+        0 => Ok(()),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
+/// Every live descendant of `root`, from `/proc` (empty where there is no `/proc`).
+fn descendants(root: u32) -> Vec<u32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let parents: Vec<(u32, u32)> = entries
+        .filter_map(|entry| {
+            let pid: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // The command name is in parentheses and may contain spaces.
+            let after = &stat[stat.rfind(')')? + 1..];
+            let ppid = after.split_whitespace().nth(1)?.parse().ok()?;
+            Some((pid, ppid))
+        })
+        .collect();
+    let mut found = vec![root];
+    let mut index = 0;
+    while index < found.len() {
+        let parent = found[index];
+        found.extend(
+            parents
+                .iter()
+                .filter(|(_, ppid)| *ppid == parent)
+                .map(|(pid, _)| *pid),
+        );
+        index += 1;
+    }
+    found.remove(0);
+    found
+}
+
+/// Signals each process on its own (those that called `setsid` left our group);
+/// one that has exited meanwhile is no error.
+fn signal_each(pids: &[u32], signal: libc::c_int) {
+    for pid in pids {
+        if let Err(error) = signal_process(*pid, signal) {
+            tracing::debug!(pid, %error, "could not signal a store worker");
+        }
+    }
+}
+
+#[allow(unsafe_code)]
+fn signal_process(pid: u32, signal: libc::c_int) -> io::Result<()> {
+    let pid = libc::pid_t::try_from(pid)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "pid out of range"))?;
+    // SAFETY: kill(2) only takes integers and touches none of our memory. `pid` is a
+    // descendant of our unreaped child found a moment ago; signalling a reused pid is the
+    // (tiny) risk every process supervisor takes.
+    match unsafe { libc::kill(pid, signal) } {
         0 => Ok(()),
         _ => Err(io::Error::last_os_error()),
     }

@@ -17,15 +17,22 @@
 //! ```
 //!
 //! Every backend passes the same conformance suite; the guarantees and the scenario that
-//! proves each one are listed in the repository's `docs/contract.md`. Backends:
+//! proves each one are listed in the repository's `docs/contract.md`. Backends, each
+//! behind a cargo feature of this crate:
 //!
-//! | scheme      | backend                          | status            |
-//! |-------------|----------------------------------|-------------------|
-//! | `memory://` | in-process reference backend     | available         |
-//! | `sqlite://`, `postgres://`, `mysql://` | `lock-sql` | planned |
-//! | `redis://`, `rediss://` | `lock-redis`           | planned           |
-//! | `etcd://`   | `lock-etcd`                      | planned           |
-//! | `zk://`     | `lock-zk`                        | planned           |
+//! | URL scheme | backend | feature |
+//! |---|---|---|
+//! | `memory://NAME` | in-process reference backend ([`MemoryBackend`]) | always |
+//! | `sqlite://PATH` | SQLite file, no server ([`lock_sql`]) | `sqlite` (default) |
+//! | `postgres://`, `postgresql://` | PostgreSQL ([`lock_sql`]) | `postgres` |
+//! | `mysql://`, `mariadb://` | MariaDB 10.5+ ([`lock_sql`]) | `mysql` |
+//! | `redis://`, `redis+redlock://` | Redis, Redlock ([`lock_redis`]) | `redis` (`rediss` with `redis-tls`) |
+
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub use lock_sql;
+
+#[cfg(feature = "redis")]
+pub use lock_redis;
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -35,9 +42,10 @@ pub use lock_core::*;
 /// A client for the store named by `url`.
 ///
 /// `memory://NAME` is an in-process store: every `connect` with the same name in one
-/// process shares it (an empty name is a store of its own). A scheme whose backend is not
-/// compiled in, or unknown, is [`ErrorKind::InvalidInput`] naming the scheme; credentials
-/// in the URL never appear in errors or logs.
+/// process shares it (an empty name is a store of its own). The other schemes are listed
+/// in the crate docs. A scheme whose backend is not compiled in, or unknown, is
+/// [`ErrorKind::InvalidInput`] naming the scheme; credentials in the URL never appear in
+/// errors or logs.
 pub async fn connect(url: &str) -> Result<LockClient> {
     let Some((scheme, rest)) = url.split_once("://") else {
         return Err(Error::new(
@@ -48,16 +56,36 @@ pub async fn connect(url: &str) -> Result<LockClient> {
             ),
         ));
     };
-    match scheme {
-        "memory" => Ok(LockClient::new(named_memory_store(rest))),
-        _ => Err(Error::new(
-            ErrorKind::InvalidInput,
-            format!(
-                "no backend for scheme {scheme:?} in {:?}; this build supports: memory",
-                redact_url(url)
-            ),
-        )),
+    let scheme = scheme.to_ascii_lowercase();
+    if scheme == "memory" {
+        return Ok(LockClient::new(named_memory_store(rest)));
     }
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+    if lock_sql::SCHEMES.contains(&scheme.as_str()) {
+        return Ok(LockClient::new(lock_sql::connect(url).await?));
+    }
+    #[cfg(feature = "redis")]
+    if lock_redis::SCHEMES.contains(&scheme.as_str()) {
+        return Ok(LockClient::from_dyn(lock_redis::connect(url).await?));
+    }
+    Err(Error::new(
+        ErrorKind::InvalidInput,
+        format!(
+            "no backend for scheme {scheme:?} in {:?}; this build supports: {}",
+            redact_url(url),
+            supported_schemes().join(", ")
+        ),
+    ))
+}
+
+/// The URL schemes this build of distlock can connect to.
+pub fn supported_schemes() -> Vec<&'static str> {
+    let mut schemes = vec!["memory"];
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+    schemes.extend_from_slice(lock_sql::SCHEMES);
+    #[cfg(feature = "redis")]
+    schemes.extend_from_slice(lock_redis::SCHEMES);
+    schemes
 }
 
 fn named_memory_store(name: &str) -> MemoryBackend {

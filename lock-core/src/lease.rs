@@ -227,6 +227,11 @@ impl AcquireRequest {
         self.ttl
     }
 
+    /// The clock-drift allowance the granted lease's local deadline will subtract.
+    pub fn drift_allowance(&self) -> Duration {
+        self.drift
+    }
+
     /// The lease the store granted with `token`, for an attempt sent at `sent_at`.
     pub fn grant(&self, token: FencingToken, sent_at: Instant) -> Lease {
         Lease {

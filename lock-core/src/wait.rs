@@ -35,27 +35,30 @@ pub async fn acquire_by_polling<B: LockBackend + ?Sized>(
         None
     };
     let mut attempt: u32 = 0;
+    let mut store_answered = false;
     loop {
         let now = Instant::now();
         // Each attempt is bounded by the wait too, so a silent store cannot hold a
         // bounded waiter past its bound.
-        let timeout = match wait.until {
-            Some(until) if until > now => wait.request_timeout.min(until - now),
-            _ => wait.request_timeout,
+        let (timeout, cut_by_wait) = match wait.until {
+            Some(until) if until > now && until - now < wait.request_timeout => (until - now, true),
+            _ => (wait.request_timeout, false),
         };
         let failure = match backend.acquire_once(request, timeout).await {
             Ok(lease) => {
                 tracing::Span::current().record("attempts", attempt + 1);
                 return Ok(lease);
             }
-            Err(err)
-                if matches!(
-                    err.kind(),
-                    ErrorKind::HeldByAnother | ErrorKind::Unavailable
-                ) =>
-            {
+            Err(err) if err.kind() == ErrorKind::HeldByAnother => {
+                store_answered = true;
                 err
             }
+            // An attempt cut short by the end of the wait, on a store that has been
+            // answering, means the wait is over, not that the store is gone.
+            Err(err) if err.kind() == ErrorKind::Unavailable && cut_by_wait && store_answered => {
+                Error::new(ErrorKind::HeldByAnother, err.message().to_string())
+            }
+            Err(err) if err.kind() == ErrorKind::Unavailable => err,
             Err(err) => return Err(err),
         };
         attempt = attempt.saturating_add(1);

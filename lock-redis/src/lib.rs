@@ -1,1 +1,54 @@
-//! distlock backend, being written.
+#![doc = include_str!("../docs.md")]
+//!
+//! # Example
+//!
+//! ```no_run
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> lock_core::Result<()> {
+//! use std::time::Duration;
+//! use lock_core::LockClient;
+//!
+//! // One node; for Redlock: "redis+redlock://h1:6379,h2:6379,h3:6379,h4:6379,h5:6379".
+//! let backend = lock_redis::connect("redis://127.0.0.1:6379/0?key_prefix=myapp:").await?;
+//! let client = LockClient::from_dyn(backend);
+//! let guard = client.lock("invoice-42").ttl(Duration::from_secs(10)).await?;
+//! println!("writing with fencing token {}", guard.token());
+//! guard.release().await?;
+//! # Ok(())
+//! # }
+//! ```
+
+mod backend;
+mod batch;
+mod config;
+mod error;
+mod keys;
+mod node;
+mod notify;
+mod redlock;
+
+use std::sync::Arc;
+
+pub use backend::RedisBackend;
+pub use config::RedisConfig;
+pub use redlock::RedlockBackend;
+
+/// The URL schemes [`connect`] understands.
+pub const SCHEMES: &[&str] = &["redis", "rediss", "redis+redlock", "rediss+redlock"];
+
+/// Connects to the store a URL names: a [`RedisBackend`] for `redis://` and `rediss://`, a
+/// [`RedlockBackend`] for `redis+redlock://` and `rediss+redlock://` (see [`RedisConfig`]
+/// for the URL format and options).
+pub async fn connect(url: &str) -> lock_core::Result<lock_core::DynBackend> {
+    let config = RedisConfig::from_url(url)?;
+    connect_with(&config).await
+}
+
+/// [`connect`] with a configuration built or adjusted in code.
+pub async fn connect_with(config: &RedisConfig) -> lock_core::Result<lock_core::DynBackend> {
+    Ok(if config.is_redlock() {
+        Arc::new(RedlockBackend::connect(config).await?)
+    } else {
+        Arc::new(RedisBackend::connect(config).await?)
+    })
+}

@@ -1,1 +1,41 @@
-//! distlock backend, being written.
+//! distlock on SQL databases: SQLite as the embedded default (processes on one machine
+//! coordinate through one database file, no server needed), PostgreSQL and MariaDB.
+//!
+//! ```no_run
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> lock_core::Result<()> {
+//! use std::time::Duration;
+//! use lock_core::LockClient;
+//!
+//! let backend = lock_sql::connect("sqlite:///tmp/distlock-example.db").await?;
+//! let client = LockClient::new(backend);
+//! let guard = client.lock("nightly-report").ttl(Duration::from_secs(30)).await?;
+//! println!("holding the report lock with fencing token {}", guard.token());
+//! assert!(guard.release().await?);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Each dialect sits behind a cargo feature: `sqlite` (default), `postgres`, `mysql`.
+//! How the lease table works, how fencing tokens are made and what each dialect
+//! guarantees is documented on [`SqlBackend`].
+
+mod backend;
+mod config;
+mod dialect;
+mod error;
+
+pub use backend::SqlBackend;
+pub use config::{Dialect, SqlConfig, SCHEMES};
+
+/// Connects to the database `url` names and creates the lock table if missing.
+///
+/// `sqlite:///abs/path.db` or `sqlite://relative.db` (the file is created if missing),
+/// `postgres://` / `postgresql://`, `mysql://` / `mariadb://`; the query may set `table`,
+/// `pool_size` and `connect_timeout_ms` (see [`SqlConfig`]). A malformed URL is
+/// [`InvalidInput`](lock_core::ErrorKind::InvalidInput), an unreachable database
+/// [`Unavailable`](lock_core::ErrorKind::Unavailable), refused credentials
+/// [`PermissionDenied`](lock_core::ErrorKind::PermissionDenied).
+pub async fn connect(url: &str) -> lock_core::Result<SqlBackend> {
+    SqlBackend::connect(SqlConfig::from_url(url)?).await
+}

@@ -1,0 +1,226 @@
+//! The single-node backend: each operation is one script on one server.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{
+    async_trait, AcquireRequest, Capabilities, Error, ErrorKind, FencingToken, KeyWatch, LeaseId,
+    LockBackend, LockInfo, LockKey, Result,
+};
+
+use crate::batch::RenewBatcher;
+use crate::config::RedisConfig;
+use crate::error::unexpected_reply;
+use crate::keys::Layout;
+use crate::node::{Node, ACQUIRE, INSPECT, RELEASE};
+use crate::notify::Notifier;
+
+/// What both Redis backends promise: notification by pub/sub, millisecond TTLs on the
+/// server's clock, fencing counters as durable as the operator says the server is.
+pub(crate) fn capabilities(durable: bool) -> Capabilities {
+    Capabilities {
+        native_notification: true,
+        durable_fencing: durable,
+        fair_ordering: false,
+        reentrancy: true,
+        min_ttl: Duration::from_millis(10),
+        max_ttl: Duration::from_secs(30 * 24 * 60 * 60),
+        ttl_granularity: Duration::from_millis(1),
+        ..Capabilities::default()
+    }
+}
+
+/// A TTL as the whole milliseconds the scripts pass to `PX`/`PEXPIRE`, rounded up.
+pub(crate) fn ttl_millis(capabilities: &Capabilities, ttl: Duration) -> u64 {
+    u64::try_from(capabilities.store_ttl(ttl).as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A lock entry as the scripts store it: `<lease id>:<token>:<nonce>`.
+pub(crate) struct Entry {
+    pub(crate) lease_id: LeaseId,
+    pub(crate) token: u64,
+}
+
+impl Entry {
+    pub(crate) fn parse(value: &str) -> Option<Entry> {
+        let mut parts = value.split(':');
+        let lease_id = parts.next()?.parse().ok()?;
+        let token = parts.next()?.parse().ok()?;
+        Some(Entry { lease_id, token })
+    }
+}
+
+/// Reads `(entry, remaining TTL)` from an inspect script reply; `None` when free.
+pub(crate) fn parse_inspect(reply: (String, i64)) -> Option<Option<(Entry, Duration)>> {
+    let (value, pttl) = reply;
+    if value.is_empty() {
+        return Some(None);
+    }
+    let entry = Entry::parse(&value)?;
+    // PTTL rounds down: 0 means under a millisecond left, and the entry is still live (a
+    // renewal now would still find it), so it must not be reported free yet.
+    Some(Some((
+        entry,
+        Duration::from_millis(pttl.max(0).unsigned_abs()),
+    )))
+}
+
+/// Locks on one Redis server (or a Redis Cluster slot owner reached directly).
+///
+/// Acquire, renew, release and inspect are each one Lua script run by hash, so every
+/// decision is atomic on the server and judged by the server's clock. Cloning is cheap and
+/// clones share the connection and the release subscription. See the crate docs for the
+/// guarantees and their limits.
+#[derive(Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    node: Arc<Node>,
+    renewals: Arc<RenewBatcher>,
+    response_timeout: Duration,
+    layout: Layout,
+    notifier: Notifier,
+    capabilities: Capabilities,
+}
+
+impl RedisBackend {
+    /// Connects to the single node of `config` (a Redlock configuration is refused with
+    /// [`ErrorKind::InvalidInput`]; use [`RedlockBackend`](crate::RedlockBackend)).
+    ///
+    /// The connection is made at once, so a wrong address or password fails here, as
+    /// [`ErrorKind::Unavailable`] or [`ErrorKind::PermissionDenied`].
+    pub async fn connect(config: &RedisConfig) -> Result<Self> {
+        config.validate()?;
+        let [url] = config.node_urls() else {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                "RedisBackend takes exactly one node; use RedlockBackend for several",
+            ));
+        };
+        let node = Node::new(url, config.connect_timeout, config.response_timeout)?;
+        node.connection().await?;
+        let subscriber = match &config.subscriber_url {
+            Some(url) => Node::new(url, config.connect_timeout, config.response_timeout)?
+                .client()
+                .clone(),
+            None => node.client().clone(),
+        };
+        let layout = Layout::new(&config.key_prefix);
+        let notifier = Notifier::new(vec![subscriber], layout.channel(), config.connect_timeout);
+        Ok(RedisBackend {
+            inner: Arc::new(Inner {
+                node: Arc::new(node),
+                renewals: Arc::default(),
+                response_timeout: config.response_timeout,
+                layout,
+                notifier,
+                capabilities: capabilities(config.durable),
+            }),
+        })
+    }
+
+    /// Keys starting with `key_prefix` that have a lock entry on the server (live leases;
+    /// fencing counters are not listed). Uses `SCAN`, so it is safe on a busy server.
+    pub async fn stored_keys(&self, key_prefix: &str) -> Result<Vec<String>> {
+        let layout = &self.inner.layout;
+        let found = self
+            .inner
+            .node
+            .scan(&layout.scan_pattern(key_prefix))
+            .await?;
+        let mut keys: Vec<String> = found.iter().filter_map(|k| layout.user_key(k)).collect();
+        keys.sort();
+        Ok(keys)
+    }
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("node", &self.inner.node.shown())
+            .field("layout", &self.inner.layout)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl LockBackend for RedisBackend {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.capabilities
+    }
+
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<FencingToken>> {
+        let inner = &self.inner;
+        let token: u64 = inner
+            .node
+            .invoke(
+                ACQUIRE
+                    .key(inner.layout.lock_key(request.key()))
+                    .key(inner.layout.fence_key(request.key()))
+                    .arg(request.lease_id().to_string())
+                    .arg(ttl_millis(&inner.capabilities, request.ttl())),
+                "acquire",
+            )
+            .await?;
+        Ok((token > 0).then_some(FencingToken::new(token)))
+    }
+
+    async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
+        let inner = &self.inner;
+        inner
+            .renewals
+            .renew(
+                &inner.node,
+                inner.layout.lock_key(key),
+                lease_id.to_string(),
+                ttl_millis(&inner.capabilities, ttl),
+                inner.response_timeout,
+            )
+            .await
+    }
+
+    async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
+        let inner = &self.inner;
+        let released: i64 = inner
+            .node
+            .invoke(
+                RELEASE
+                    .key(inner.layout.lock_key(key))
+                    .arg(lease_id.to_string())
+                    .arg(inner.layout.channel()),
+                "release",
+            )
+            .await?;
+        Ok(released == 1)
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        let inner = &self.inner;
+        let reply: (String, i64) = inner
+            .node
+            .invoke(&INSPECT.key(inner.layout.lock_key(key)), "inspect")
+            .await?;
+        let parsed =
+            parse_inspect(reply).ok_or_else(|| unexpected_reply("inspect", inner.node.shown()))?;
+        Ok(parsed.map(|(entry, remaining_ttl)| LockInfo {
+            lease_id: entry.lease_id,
+            token: FencingToken::new(entry.token),
+            remaining_ttl,
+            waiters: None,
+        }))
+    }
+
+    async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {
+        let inner = &self.inner;
+        Ok(Some(
+            inner.notifier.watch(inner.layout.lock_key(key)).await?,
+        ))
+    }
+}

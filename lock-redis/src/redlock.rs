@@ -1,0 +1,424 @@
+//! Redlock: a lock held on a majority of independent Redis nodes, with a fencing token
+//! that grows across quorum acquisitions whose majorities differ.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use lock_core::{
+    async_trait, AcquireRequest, Capabilities, Error, ErrorKind, FencingToken, KeyWatch, LeaseId,
+    LockBackend, LockInfo, LockKey, Result,
+};
+
+use crate::backend::{capabilities, parse_inspect, ttl_millis};
+use crate::config::RedisConfig;
+use crate::error::unexpected_reply;
+use crate::keys::Layout;
+use crate::node::{Node, CONFIRM, INSPECT, RELEASE, RENEW, RESERVE};
+use crate::notify::Notifier;
+
+/// Locks held on a majority of N independent Redis nodes (the Redlock algorithm), with a
+/// fencing token that is strictly increasing even when successive majorities differ.
+///
+/// Every operation goes to all nodes at once, each bounded by `node_timeout`. An acquisition
+/// succeeds only when a majority granted it and the lease is still valid after subtracting
+/// the elapsed time and the clock-drift allowance; otherwise whatever was taken is released.
+/// Renewal needs a majority; release goes everywhere. Read the crate docs for what Redlock
+/// does and does not guarantee.
+#[derive(Clone)]
+pub struct RedlockBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    nodes: Vec<Node>,
+    layout: Layout,
+    notifier: Notifier,
+    node_timeout: Duration,
+    capabilities: Capabilities,
+}
+
+/// Round-1 reply of one node.
+struct Reserved {
+    node: usize,
+    status: i64,
+    token: u64,
+    nonce: String,
+}
+
+/// Round-1 statuses (see reserve.lua).
+const HELD: i64 = 0;
+const OWN: i64 = 2;
+
+impl RedlockBackend {
+    /// Prepares clients for every node of `config` and connects to them concurrently.
+    ///
+    /// Fails only when a majority cannot be reached (with the first such error, e.g.
+    /// [`ErrorKind::Unavailable`] or [`ErrorKind::PermissionDenied`]); the other nodes are
+    /// connected lazily when they come back.
+    pub async fn connect(config: &RedisConfig) -> Result<Self> {
+        config.validate()?;
+        let nodes = config
+            .node_urls()
+            .iter()
+            .map(|url| Node::new(url, config.connect_timeout, config.response_timeout))
+            .collect::<Result<Vec<Node>>>()?;
+        let layout = Layout::new(&config.key_prefix);
+        let clients = nodes.iter().map(|n| n.client().clone()).collect();
+        let notifier = Notifier::new(clients, layout.channel(), config.connect_timeout);
+        let backend = RedlockBackend {
+            inner: Arc::new(Inner {
+                nodes,
+                layout,
+                notifier,
+                node_timeout: config.node_timeout,
+                capabilities: capabilities(config.durable),
+            }),
+        };
+        let connected = join_all(
+            backend
+                .inner
+                .nodes
+                .iter()
+                .map(|node| async move { node.connection().await.map(|_| ()) }),
+        )
+        .await;
+        let failures: Vec<Error> = connected.into_iter().filter_map(|r| r.err()).collect();
+        if backend.inner.nodes.len() - failures.len() < backend.quorum() {
+            if let Some(first) = failures.into_iter().next() {
+                return Err(first);
+            }
+        }
+        Ok(backend)
+    }
+
+    /// How many nodes make a majority.
+    pub fn quorum(&self) -> usize {
+        self.inner.nodes.len() / 2 + 1
+    }
+
+    /// Keys starting with `key_prefix` that have a lock entry on any node (fencing
+    /// counters are not listed). Unreachable nodes are skipped.
+    pub async fn stored_keys(&self, key_prefix: &str) -> Result<Vec<String>> {
+        let layout = &self.inner.layout;
+        let pattern = layout.scan_pattern(key_prefix);
+        let found = self.on_all(|_, node| node.scan(&pattern)).await;
+        let mut keys: Vec<String> = found
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|k| layout.user_key(&k))
+            .collect();
+        keys.sort();
+        keys.dedup();
+        Ok(keys)
+    }
+
+    /// Runs `operation` on every node concurrently, each bounded by the node time-out.
+    async fn on_all<'a, T, F, Fut>(&'a self, operation: F) -> Vec<Result<T>>
+    where
+        F: Fn(usize, &'a Node) -> Fut,
+        Fut: Future<Output = Result<T>> + 'a,
+    {
+        let timeout = self.inner.node_timeout;
+        join_all(self.inner.nodes.iter().enumerate().map(|(index, node)| {
+            let pending = operation(index, node);
+            async move {
+                match tokio::time::timeout(timeout, pending).await {
+                    Ok(result) => result,
+                    Err(_) => Err(Error::new(
+                        ErrorKind::Unavailable,
+                        format!("redis {}: no answer within {timeout:?}", node.shown()),
+                    )),
+                }
+            }
+        }))
+        .await
+    }
+
+    /// Removes `lease_id` from every node, best effort, after a failed acquisition.
+    async fn abandon(&self, key: &LockKey, lease_id: LeaseId) {
+        let _ = self.release_everywhere(key, lease_id).await;
+    }
+
+    async fn release_everywhere(&self, key: &LockKey, lease_id: LeaseId) -> Vec<Result<i64>> {
+        let layout = &self.inner.layout;
+        let (lock_key, channel, lease) =
+            (layout.lock_key(key), layout.channel(), lease_id.to_string());
+        self.on_all(|_, node| {
+            let (lock_key, channel, lease) = (&lock_key, &channel, &lease);
+            async move {
+                node.invoke(RELEASE.key(lock_key).arg(lease).arg(channel), "release")
+                    .await
+            }
+        })
+        .await
+    }
+
+    /// `Unavailable` naming how many nodes answered, with the first node error as source.
+    fn no_quorum(&self, what: &str, answered: usize, errors: Vec<Error>) -> Error {
+        let message = format!(
+            "{what}: only {answered} of {} Redis nodes answered, {} needed",
+            self.inner.nodes.len(),
+            self.quorum()
+        );
+        match errors.into_iter().next() {
+            Some(first) if first.kind() == ErrorKind::PermissionDenied => first,
+            Some(first) => Error::new(ErrorKind::Unavailable, message).with_source(first),
+            None => Error::new(ErrorKind::Unavailable, message),
+        }
+    }
+}
+
+impl fmt::Debug for RedlockBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let nodes: Vec<&str> = self.inner.nodes.iter().map(Node::shown).collect();
+        f.debug_struct("RedlockBackend")
+            .field("nodes", &nodes)
+            .field("layout", &self.inner.layout)
+            .field("node_timeout", &self.inner.node_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl LockBackend for RedlockBackend {
+    fn name(&self) -> &'static str {
+        "redlock"
+    }
+
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.capabilities
+    }
+
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<FencingToken>> {
+        let started = Instant::now();
+        let inner = &self.inner;
+        let (lock_key, fence_key) = (
+            inner.layout.lock_key(request.key()),
+            inner.layout.fence_key(request.key()),
+        );
+        let lease = request.lease_id().to_string();
+        let ttl = ttl_millis(&inner.capabilities, request.ttl());
+        // Identifies entries this attempt creates, so a late round 2 of an abandoned
+        // attempt cannot stamp its token on an entry a later attempt created.
+        let nonce = format!("{:x}", LeaseId::random().as_u128() as u64);
+
+        // Round 1: take the key (token pending) on every node that has it free, and read
+        // every node's counter.
+        let replies = self
+            .on_all(|_, node| {
+                let (lock_key, fence_key, lease, nonce) = (&lock_key, &fence_key, &lease, &nonce);
+                async move {
+                    node.invoke::<(i64, u64, u64, String)>(
+                        RESERVE
+                            .key(lock_key)
+                            .key(fence_key)
+                            .arg(lease)
+                            .arg(ttl)
+                            .arg(nonce),
+                        "reserve",
+                    )
+                    .await
+                }
+            })
+            .await;
+        let mut granted = Vec::new();
+        let (mut held, mut counter_max) = (0, 0u64);
+        let mut errors = Vec::new();
+        for (node, reply) in replies.into_iter().enumerate() {
+            match reply {
+                Ok((status, _, counter, _)) if status == HELD => {
+                    held += 1;
+                    counter_max = counter_max.max(counter);
+                }
+                Ok((status, token, counter, nonce)) => {
+                    counter_max = counter_max.max(counter);
+                    granted.push(Reserved {
+                        node,
+                        status,
+                        token,
+                        nonce,
+                    });
+                }
+                Err(err) => errors.push(err),
+            }
+        }
+        if granted.len() < self.quorum() {
+            if !granted.is_empty() {
+                self.abandon(request.key(), request.lease_id()).await;
+            }
+            if granted.len() + held >= self.quorum() {
+                return Ok(None);
+            }
+            return Err(self.no_quorum("acquire", granted.len() + held, errors));
+        }
+
+        // The token: a retry that finds this lease's confirmed token on a majority, and no
+        // higher counter anywhere, keeps it; anything else gets a token above every counter
+        // of the majority, which is above every token granted before (docs.md).
+        let highest = granted.iter().map(|r| r.token).max().unwrap_or(0);
+        let confirmed_before = granted
+            .iter()
+            .filter(|r| r.status == OWN && r.token == highest)
+            .count();
+        let token = if highest > 0 && confirmed_before >= self.quorum() && counter_max <= highest {
+            highest
+        } else {
+            counter_max.max(highest) + 1
+        };
+
+        // Round 2: record the token in each entry and raise each counter to it.
+        let by_node: HashMap<usize, &Reserved> = granted.iter().map(|r| (r.node, r)).collect();
+        let confirmed = self
+            .on_all(|index, node| {
+                let reserved = by_node.get(&index).copied();
+                let (lock_key, fence_key, lease) = (&lock_key, &fence_key, &lease);
+                async move {
+                    let Some(reserved) = reserved else {
+                        return Ok(0);
+                    };
+                    node.invoke::<i64>(
+                        CONFIRM
+                            .key(lock_key)
+                            .key(fence_key)
+                            .arg(lease)
+                            .arg(&reserved.nonce)
+                            .arg(token),
+                        "confirm",
+                    )
+                    .await
+                }
+            })
+            .await;
+        let confirmations = confirmed.iter().filter(|r| matches!(r, Ok(1))).count();
+        let still_valid = request
+            .grant(FencingToken::new(token), started)
+            .valid_until()
+            > Instant::now();
+        if confirmations >= self.quorum() && still_valid {
+            return Ok(Some(FencingToken::new(token)));
+        }
+        self.abandon(request.key(), request.lease_id()).await;
+        let why = if still_valid {
+            format!(
+                "acquire: the token was recorded on only {confirmations} of {} Redis nodes",
+                inner.nodes.len()
+            )
+        } else {
+            format!(
+                "acquire: a majority answered only after the lease's validity ({:?} minus drift) ran out",
+                request.ttl()
+            )
+        };
+        Err(Error::new(ErrorKind::Unavailable, why))
+    }
+
+    async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
+        let inner = &self.inner;
+        let (lock_key, lease) = (inner.layout.lock_key(key), lease_id.to_string());
+        let ttl = ttl_millis(&inner.capabilities, ttl);
+        let replies = self
+            .on_all(|_, node| {
+                let (lock_key, lease) = (&lock_key, &lease);
+                async move {
+                    node.invoke::<i64>(RENEW.key(lock_key).arg(lease).arg(ttl), "renew")
+                        .await
+                }
+            })
+            .await;
+        let (mut renewed, mut refused, mut errors) = (0, 0, Vec::new());
+        for reply in replies {
+            match reply {
+                Ok(1) => renewed += 1,
+                Ok(_) => refused += 1,
+                Err(err) => errors.push(err),
+            }
+        }
+        if renewed >= self.quorum() {
+            Ok(true)
+        } else if renewed + errors.len() < self.quorum() {
+            // Even if every silent node had renewed, there would be no majority.
+            Ok(false)
+        } else {
+            Err(self.no_quorum("renew", renewed + refused, errors))
+        }
+    }
+
+    async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
+        let (mut released, mut refused, mut errors) = (0, 0, Vec::new());
+        for reply in self.release_everywhere(key, lease_id).await {
+            match reply {
+                Ok(1) => released += 1,
+                Ok(_) => refused += 1,
+                Err(err) => errors.push(err),
+            }
+        }
+        // The lease was live only if a majority still held it; a minority of leftovers is
+        // removed all the same, but does not make an expired lease "released".
+        if released >= self.quorum() {
+            Ok(true)
+        } else if released + errors.len() < self.quorum() {
+            Ok(false)
+        } else {
+            Err(self.no_quorum("release", released + refused, errors))
+        }
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        let inner = &self.inner;
+        let lock_key = inner.layout.lock_key(key);
+        let replies = self
+            .on_all(|_, node| {
+                let lock_key = &lock_key;
+                async move {
+                    let reply: (String, i64) =
+                        node.invoke(&INSPECT.key(lock_key), "inspect").await?;
+                    parse_inspect(reply).ok_or_else(|| unexpected_reply("inspect", node.shown()))
+                }
+            })
+            .await;
+        let mut holders: HashMap<LeaseId, (u64, Vec<Duration>)> = HashMap::new();
+        let (mut answered, mut errors) = (0, Vec::new());
+        for reply in replies {
+            match reply {
+                Ok(entry) => {
+                    answered += 1;
+                    if let Some((entry, remaining)) = entry {
+                        let holder = holders.entry(entry.lease_id).or_default();
+                        holder.0 = holder.0.max(entry.token);
+                        holder.1.push(remaining);
+                    }
+                }
+                Err(err) => errors.push(err),
+            }
+        }
+        if answered < self.quorum() {
+            return Err(self.no_quorum("inspect", answered, errors));
+        }
+        let quorum = self.quorum();
+        Ok(holders
+            .into_iter()
+            .find(|(_, (_, ttls))| ttls.len() >= quorum)
+            .map(|(lease_id, (token, mut ttls))| {
+                // Held for as long as a majority still keeps it.
+                ttls.sort_unstable_by(|a, b| b.cmp(a));
+                LockInfo {
+                    lease_id,
+                    token: FencingToken::new(token),
+                    remaining_ttl: ttls[quorum - 1],
+                    waiters: None,
+                }
+            }))
+    }
+
+    async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {
+        let inner = &self.inner;
+        Ok(Some(
+            inner.notifier.watch(inner.layout.lock_key(key)).await?,
+        ))
+    }
+}

@@ -1,0 +1,59 @@
+//! Credentials: refused ones are `PermissionDenied`, and passwords never show in errors or
+//! `Debug` output.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use lock_core::{default_drift_allowance, AcquireRequest, ErrorKind, LockKey};
+use support::start_redis;
+
+const PASSWORD: &str = "s3cret-Pw";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_or_missing_password_is_permission_denied_and_never_shown() {
+    let server = start_redis().await;
+    let raw = redis::Client::open(format!("redis://{}/0", server.addr())).unwrap();
+    let mut admin = raw.get_multiplexed_async_connection().await.unwrap();
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg(PASSWORD)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let addr = server.addr();
+
+    let wrong = lock_redis::connect(&format!("redis://:wrong-{PASSWORD}@{addr}/0")).await;
+    let err = wrong.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
+    for shown in [err.to_string(), format!("{err:?}")] {
+        assert!(!shown.contains(PASSWORD), "{shown}");
+    }
+
+    let ttl = Duration::from_secs(5);
+    let request = AcquireRequest::new(
+        LockKey::new("k").unwrap(),
+        ttl,
+        default_drift_allowance(ttl),
+    );
+    let anonymous = lock_redis::connect(&format!("redis://{addr}/0")).await;
+    let err = match anonymous {
+        Ok(backend) => backend.try_acquire(&request).await.unwrap_err(),
+        Err(err) => err,
+    };
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
+
+    let url = format!("redis://:{PASSWORD}@{addr}/0");
+    let backend = lock_redis::connect(&url).await.unwrap();
+    assert!(backend.try_acquire(&request).await.unwrap().is_some());
+    assert!(!format!("{backend:?}").contains(PASSWORD));
+    let config = lock_redis::RedisConfig::from_url(&url).unwrap();
+    assert!(!format!("{config:?}").contains(PASSWORD));
+    let err = lock_redis::connect(&format!("{url}?bogus=1"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    assert!(!err.to_string().contains(PASSWORD), "{err}");
+}

@@ -1,0 +1,7 @@
+//! The conformance suite against Redlock over five private redis-servers.
+
+mod support;
+
+fn main() -> std::process::ExitCode {
+    conformance_tests::run_suite(|| async { Ok(vec![support::RedisFactory::redlock().await?]) })
+}

@@ -1,0 +1,248 @@
+//! Real faults between a client and one Redis server: partitions through a TCP proxy, lost
+//! release notifications, a frozen server, and restarts with and without persistence.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use conformance_tests::proxy::{ProxyMode, TcpFaultProxy};
+use conformance_tests::{eventually, within, FaultyBackend, Op};
+use lock_core::{AcquireOptions, Backoff, ErrorKind, LockClient, Renewal, Wait};
+use lock_redis::RedisConfig;
+use support::{connect, redis_url, start_redis, start_redis_aof};
+
+const SLACK: Duration = Duration::from_millis(300);
+
+fn key(name: &str) -> String {
+    format!("faults-{:08x}/{name}", fastrand::u32(..))
+}
+
+fn options(ttl: Duration) -> AcquireOptions {
+    AcquireOptions {
+        ttl,
+        wait: Wait::UpTo(Duration::from_secs(5)),
+        request_timeout: Duration::from_millis(200),
+        ..AcquireOptions::default()
+    }
+}
+
+/// A holder cut off from Redis past its TTL gets the lost signal before the store frees the
+/// key; a rival then takes it with a greater token; the healed holder's release reports the
+/// lease gone and leaves the rival's lock intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_holder_loses_before_takeover_and_cannot_release_the_new_lock() {
+    let server = start_redis().await;
+    let proxy = TcpFaultProxy::start(server.addr()).await.unwrap();
+    let ttl = Duration::from_millis(600);
+    let holder = LockClient::from_dyn(connect(&redis_url(proxy.addr(), "")).await)
+        .with_defaults(options(ttl));
+    let rival = LockClient::from_dyn(connect(&redis_url(server.addr(), "")).await)
+        .with_defaults(options(ttl));
+    let key = key("partition");
+
+    let guard = holder.lock(&key).await.unwrap();
+    let cut_at = Instant::now();
+    proxy.set_mode(ProxyMode::BlackHole);
+    within(ttl + SLACK, "lost signal", guard.lost())
+        .await
+        .unwrap();
+    let lost_after = cut_at.elapsed();
+    let taken = rival.lock(&key).await.unwrap();
+    let taken_after = cut_at.elapsed();
+    assert!(
+        lost_after < taken_after,
+        "lost at {lost_after:?}, taken at {taken_after:?}"
+    );
+    assert!(taken.token() > guard.token());
+
+    proxy.set_mode(ProxyMode::Pass);
+    let old = guard.release().await;
+    assert!(
+        matches!(old, Ok(false)) || old.as_ref().is_err_and(|e| e.kind() == ErrorKind::Lost),
+        "the old holder's release gave {old:?}"
+    );
+    let info = rival
+        .inspect(&key)
+        .await
+        .unwrap()
+        .expect("the new lock is gone");
+    assert_eq!(info.lease_id, taken.lease().id());
+    assert!(taken.release().await.unwrap());
+}
+
+/// With the release notification channel silently partitioned, a waiter still gets the
+/// key through its fallback poll; with it healed, the wake-up is prompt again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_wakes_when_release_notifications_are_dropped() {
+    let server = start_redis().await;
+    let proxy = TcpFaultProxy::start(server.addr()).await.unwrap();
+    let mut config = RedisConfig::from_url(&redis_url(server.addr(), "")).unwrap();
+    config.subscriber_url = Some(redis_url(proxy.addr(), ""));
+    let faulty = FaultyBackend::new(lock_redis::connect_with(&config).await.unwrap());
+    let waiter = LockClient::from_dyn(faulty.clone());
+    let holder = LockClient::from_dyn(connect(&redis_url(server.addr(), "")).await);
+    let poll = Duration::from_millis(700);
+    let waiting = AcquireOptions {
+        backoff: Backoff {
+            initial: poll,
+            max: poll,
+        },
+        ..options(Duration::from_secs(10))
+    };
+
+    for (mode, bound) in [
+        (ProxyMode::Pass, Duration::from_millis(150)),
+        (ProxyMode::BlackHole, poll + SLACK),
+    ] {
+        let key = key("dropped");
+        let guard = holder
+            .lock(&key)
+            .options(options(Duration::from_secs(10)))
+            .await
+            .unwrap();
+        let before = faulty.completed(Op::Acquire);
+        let task = tokio::spawn({
+            let (waiter, key, waiting) = (waiter.clone(), key.clone(), waiting.clone());
+            async move {
+                waiter
+                    .lock(&key)
+                    .options(waiting)
+                    .await
+                    .map(|g| (g, Instant::now()))
+            }
+        });
+        // Subscribed (before its first attempt) and found the key held: now cut, or not.
+        eventually(
+            Duration::from_secs(5),
+            "the waiter's first attempt",
+            || async { Ok(faulty.completed(Op::Acquire) > before) },
+        )
+        .await
+        .unwrap();
+        proxy.set_mode(mode);
+        let released_at = Instant::now();
+        assert!(guard.release().await.unwrap());
+        let (got, got_at) = within(poll * 3, "waiter", task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let latency = got_at - released_at;
+        assert!(
+            latency <= bound,
+            "{mode:?}: the waiter took {latency:?} (bound {bound:?})"
+        );
+        assert!(got.release().await.unwrap());
+        proxy.set_mode(ProxyMode::Pass);
+    }
+}
+
+/// A frozen server (SIGSTOP) makes requests fail as unavailable within their time-out, and
+/// the holder's lease is lost at its deadline; after SIGCONT the server expires it by its
+/// own clock and the key is taken again with a greater token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frozen_server_is_unavailable_then_recovers() {
+    let server = start_redis().await;
+    let url = redis_url(server.addr(), "");
+    let ttl = Duration::from_millis(500);
+    let holder = LockClient::from_dyn(connect(&url).await).with_defaults(options(ttl));
+    let rival = LockClient::from_dyn(connect(&url).await).with_defaults(options(ttl));
+    let key = key("sigstop");
+    let guard = holder.lock(&key).await.unwrap();
+
+    server.pause().unwrap();
+    let started = Instant::now();
+    let err = rival.try_lock(&key).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(started.elapsed() < Duration::from_millis(200) + SLACK);
+    within(ttl + SLACK, "lost signal while frozen", guard.lost())
+        .await
+        .unwrap();
+    // The fault under test is the freeze lasting past the TTL: keep it frozen that long.
+    tokio::time::sleep_until((started + ttl + Duration::from_millis(100)).into()).await;
+    server.resume().unwrap();
+
+    let taken = rival.lock(&key).await.unwrap();
+    assert!(taken.token() > guard.token());
+    assert!(taken.release().await.unwrap());
+}
+
+/// Without persistence a restart forgets locks and counters: the lease is gone (its holder
+/// finds it lost) and the next token starts again from 1. `durable_fencing` is false.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_without_persistence_forgets_locks_and_counters() {
+    let mut server = start_redis().await;
+    let url = redis_url(server.addr(), "");
+    let client = LockClient::from_dyn(connect(&url).await).with_defaults(AcquireOptions {
+        renewal: Renewal::Manual,
+        ..options(Duration::from_secs(30))
+    });
+    assert!(!client.backend().capabilities().durable_fencing);
+    let key = key("volatile");
+    for _ in 0..3 {
+        client.lock(&key).await.unwrap().release().await.unwrap();
+    }
+    let guard = client.lock(&key).await.unwrap();
+    assert_eq!(guard.token().get(), 4);
+
+    server.restart().await.unwrap();
+    let err = within(Duration::from_secs(5), "renew after restart", async {
+        loop {
+            match guard.renew().await {
+                Err(err) if err.kind() == ErrorKind::Unavailable => continue,
+                other => return other,
+            }
+        }
+    })
+    .await
+    .unwrap()
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Lost, "{err}");
+    let again = client.lock(&key).await.unwrap();
+    assert_eq!(
+        again.token().get(),
+        1,
+        "the counter restarted with the server"
+    );
+    assert!(again.release().await.unwrap());
+}
+
+/// With `appendfsync always` (and `durable=true` declared), a restart keeps the lock, its
+/// remaining TTL and the counter: tokens keep increasing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_with_aof_always_keeps_locks_and_counters() {
+    let mut server = start_redis_aof().await;
+    let url = redis_url(server.addr(), "durable=true");
+    let client = LockClient::from_dyn(connect(&url).await).with_defaults(AcquireOptions {
+        renewal: Renewal::Manual,
+        ..options(Duration::from_secs(30))
+    });
+    assert!(client.backend().capabilities().durable_fencing);
+    let key = key("durable");
+    for _ in 0..3 {
+        client.lock(&key).await.unwrap().release().await.unwrap();
+    }
+    let guard = client.lock(&key).await.unwrap();
+
+    server.restart().await.unwrap();
+    let held = within(Duration::from_secs(5), "inspect after restart", async {
+        loop {
+            match client.inspect(&key).await {
+                Err(err) if err.kind() == ErrorKind::Unavailable => continue,
+                other => return other,
+            }
+        }
+    })
+    .await
+    .unwrap()
+    .unwrap()
+    .expect("the lock survived the restart");
+    assert_eq!(held.lease_id, guard.lease().id());
+    assert_eq!(held.token, guard.token());
+    guard.renew().await.unwrap();
+    assert!(guard.release().await.unwrap());
+    let next = client.lock(&key).await.unwrap();
+    assert_eq!(next.token().get(), 5, "the counter survived the restart");
+    assert!(next.release().await.unwrap());
+}

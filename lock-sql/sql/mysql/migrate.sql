@@ -1,0 +1,28 @@
+-- A named lock makes concurrent first starts create the schema one after the other.
+DO GET_LOCK('distlock.migrate.{table}', 30);
+-- statement
+-- VARBINARY: keys compare byte for byte (no collation folds case, accents or spaces).
+CREATE TABLE IF NOT EXISTS {table} (
+    lock_key   VARBINARY(256) NOT NULL PRIMARY KEY,
+    lease_id   CHAR(32) CHARACTER SET ascii NOT NULL,
+    token      BIGINT NOT NULL,
+    expires_at BIGINT NOT NULL
+) ENGINE = InnoDB;
+-- statement
+-- The fencing counter outlives every lock row: rows are deleted on release.
+CREATE TABLE IF NOT EXISTS {table}_tokens (
+    id         TINYINT NOT NULL PRIMARY KEY,
+    last_token BIGINT NOT NULL
+) ENGINE = InnoDB;
+-- statement
+INSERT IGNORE INTO {table}_tokens (id, last_token) VALUES (1, 0);
+-- statement
+-- Draws the next token inside the granting statement's transaction, so a grant and its
+-- token commit together (InnoDB, fsynced at commit) or not at all.
+CREATE TRIGGER IF NOT EXISTS {table}_token_granted BEFORE INSERT ON {table} FOR EACH ROW
+BEGIN
+    UPDATE {table}_tokens SET last_token = last_token + 1 WHERE id = 1;
+    SET NEW.token = (SELECT last_token FROM {table}_tokens WHERE id = 1);
+END;
+-- statement
+DO RELEASE_LOCK('distlock.migrate.{table}');

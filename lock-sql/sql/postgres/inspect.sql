@@ -1,0 +1,2 @@
+SELECT lease_id, token, expires_at - {now} AS remaining_ms
+FROM {table} WHERE lock_key = $1 AND expires_at > {now}

@@ -1,0 +1,18 @@
+-- DDL is transactional in PostgreSQL; the advisory lock makes concurrent first starts
+-- wait for each other instead of racing on the catalog.
+BEGIN;
+-- statement
+SELECT pg_advisory_xact_lock(4923011187462310519);
+-- statement
+-- The fencing counter outlives every lock row: rows are deleted on release, and nextval
+-- is never rolled back and after a crash only jumps forward.
+CREATE SEQUENCE IF NOT EXISTS {table}_tokens AS bigint;
+-- statement
+CREATE TABLE IF NOT EXISTS {table} (
+    lock_key   text   NOT NULL PRIMARY KEY,
+    lease_id   text   NOT NULL,
+    token      bigint NOT NULL,
+    expires_at bigint NOT NULL
+);
+-- statement
+COMMIT;

@@ -1,0 +1,1 @@
+SELECT lock_key FROM {table} WHERE starts_with(lock_key, $1)

@@ -1,0 +1,29 @@
+-- One write transaction, so processes that start together create the schema once.
+BEGIN IMMEDIATE;
+-- statement
+CREATE TABLE IF NOT EXISTS {table} (
+    lock_key   TEXT    NOT NULL PRIMARY KEY,
+    lease_id   TEXT    NOT NULL,
+    token      INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL
+) WITHOUT ROWID;
+-- statement
+-- The fencing counter outlives every lock row: rows are deleted on release.
+CREATE TABLE IF NOT EXISTS {table}_tokens (
+    id         INTEGER NOT NULL PRIMARY KEY CHECK (id = 1),
+    last_token INTEGER NOT NULL
+);
+-- statement
+INSERT OR IGNORE INTO {table}_tokens (id, last_token) VALUES (1, 0);
+-- statement
+-- Advances the counter inside the granting statement itself, so a grant and its token
+-- commit together or not at all.
+CREATE TRIGGER IF NOT EXISTS {table}_token_granted AFTER INSERT ON {table} BEGIN
+    UPDATE {table}_tokens SET last_token = NEW.token WHERE id = 1 AND last_token < NEW.token;
+END;
+-- statement
+CREATE TRIGGER IF NOT EXISTS {table}_token_taken_over AFTER UPDATE OF token ON {table} BEGIN
+    UPDATE {table}_tokens SET last_token = NEW.token WHERE id = 1 AND last_token < NEW.token;
+END;
+-- statement
+COMMIT;

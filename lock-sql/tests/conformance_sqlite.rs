@@ -1,0 +1,13 @@
+//! The conformance suite on SQLite: one database file in a temporary directory.
+
+use conformance_tests::run_suite;
+
+mod support;
+
+fn main() -> std::process::ExitCode {
+    run_suite(|| async {
+        Ok(vec![
+            support::Database::sqlite().await?.into_factory().await?,
+        ])
+    })
+}

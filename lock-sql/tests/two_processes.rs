@@ -1,0 +1,182 @@
+//! Two OS processes contend on one SQLite file and on one PostgreSQL database: exclusion
+//! holds across processes (a shared counter file updated with a read-pause-write under
+//! the lock ends exact), and SIGKILL of the holder frees the lock within its TTL.
+//!
+//! The second process is this test binary itself, re-run with `helper_process` selected
+//! and its task in environment variables.
+
+#![allow(clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lock_core::{AcquireOptions, ErrorKind, LockClient};
+
+mod support;
+use support::Database;
+
+const TTL: Duration = Duration::from_millis(1000);
+const ROUNDS: usize = 40;
+
+fn options() -> AcquireOptions {
+    AcquireOptions {
+        ttl: TTL,
+        ..AcquireOptions::default()
+    }
+}
+
+/// Increments the number in `file` under the lock, slowly, `ROUNDS` times.
+async fn count(client: &LockClient, key: &str, file: &Path) {
+    for _ in 0..ROUNDS {
+        let guard = client.lock(key).await.unwrap();
+        let value: u64 = std::fs::read_to_string(file)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        std::fs::write(file, (value + 1).to_string()).unwrap();
+        assert!(guard.release().await.unwrap());
+    }
+}
+
+/// The second process: does what `DISTLOCK_HELPER` says, or nothing when run as a test.
+#[tokio::test]
+async fn helper_process() {
+    let Ok(task) = std::env::var("DISTLOCK_HELPER") else {
+        return;
+    };
+    let url = std::env::var("DISTLOCK_HELPER_URL").unwrap();
+    let key = std::env::var("DISTLOCK_HELPER_KEY").unwrap();
+    let client = LockClient::new(lock_sql::connect(&url).await.unwrap()).with_defaults(options());
+    match task.as_str() {
+        "count" => {
+            let file = std::env::var("DISTLOCK_HELPER_FILE").unwrap();
+            println!("READY");
+            count(&client, &key, Path::new(&file)).await;
+            println!("DONE");
+        }
+        "hold" => {
+            let guard = client.lock(&key).await.unwrap();
+            println!("HELD {}", guard.token());
+            // Held (and renewed) until the parent kills this process.
+            std::future::pending::<()>().await;
+        }
+        other => panic!("unknown helper task {other}"),
+    }
+}
+
+fn spawn_helper(task: &str, url: &str, key: &str, file: Option<&Path>) -> (Child, impl BufRead) {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
+        .args([
+            "--exact",
+            "helper_process",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("DISTLOCK_HELPER", task)
+        .env("DISTLOCK_HELPER_URL", url)
+        .env("DISTLOCK_HELPER_KEY", key)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    if let Some(file) = file {
+        command.env("DISTLOCK_HELPER_FILE", file);
+    }
+    let mut child = command.spawn().unwrap();
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    (child, stdout)
+}
+
+/// Reads the helper's output until a line containing `prefix` (libtest may print its
+/// "test helper_process ... " before it on the same line); returns the line from there.
+fn wait_line(out: &mut impl BufRead, prefix: &str) -> String {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "helper exited before {prefix}"
+        );
+        if let Some(at) = line.find(prefix) {
+            return line[at..].trim().to_owned();
+        }
+    }
+}
+
+async fn contend(db: &Database) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("counter");
+    let key = format!("two-processes/{}", std::process::id());
+    let (mut child, mut out) = spawn_helper("count", &db.url, &key, Some(&file));
+    let client =
+        LockClient::new(lock_sql::connect(&db.url).await.unwrap()).with_defaults(options());
+    let reader = tokio::task::spawn_blocking(move || {
+        wait_line(&mut out, "READY");
+        wait_line(&mut out, "DONE");
+        // Keep reading, so the helper's last words do not hit a closed pipe.
+        std::io::copy(&mut out, &mut std::io::sink()).unwrap();
+    });
+    count(&client, &key, &file).await;
+    reader.await.unwrap();
+    assert!(child.wait().unwrap().success());
+    let total: usize = std::fs::read_to_string(&file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(total, 2 * ROUNDS, "increments were lost: exclusion failed");
+}
+
+async fn killed_holder_frees_the_lock(db: &Database) {
+    let key = format!("killed-holder/{}", std::process::id());
+    let (mut child, mut out) = spawn_helper("hold", &db.url, &key, None);
+    let held = tokio::task::spawn_blocking(move || wait_line(&mut out, "HELD "))
+        .await
+        .unwrap();
+    let old_token: u64 = held["HELD ".len()..].parse().unwrap();
+    let client =
+        LockClient::new(lock_sql::connect(&db.url).await.unwrap()).with_defaults(options());
+    let err = client.try_lock(&key).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::HeldByAnother);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let killed_at = Instant::now();
+    let guard = client
+        .lock(&key)
+        .wait_up_to(TTL * 3)
+        .await
+        .expect("the lock is free after the holder's TTL");
+    let waited = killed_at.elapsed();
+    assert!(
+        waited <= TTL + conformance_tests::SLACK,
+        "took {waited:?} after the kill (TTL {TTL:?})"
+    );
+    assert!(guard.token().get() > old_token);
+    assert!(guard.release().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_processes_contend_on_a_new_file() {
+    let db = Database::sqlite().await.unwrap();
+    contend(&db).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_killed_holder_frees_the_lock() {
+    let db = Database::sqlite().await.unwrap();
+    killed_holder_frees_the_lock(&db).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_processes_contend() {
+    let db = Database::postgres().await.unwrap();
+    contend(&db).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_killed_holder_frees_the_lock() {
+    let db = Database::postgres().await.unwrap();
+    killed_holder_frees_the_lock(&db).await;
+}
