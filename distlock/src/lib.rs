@@ -120,15 +120,35 @@ mod tests {
 
     #[tokio::test]
     async fn bad_urls_are_invalid_input_without_secrets() {
-        let err = connect("redis://user:hunter2@127.0.0.1:1/0")
+        let err = connect("nosuchstore://user:hunter2@127.0.0.1:1/0")
             .await
             .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidInput);
         assert!(!err.to_string().contains("hunter2"), "{err}");
-        assert!(err.to_string().contains("redis"), "{err}");
+        assert!(err.to_string().contains("nosuchstore"), "{err}");
+        assert!(
+            err.to_string().contains("memory"),
+            "lists what is supported: {err}"
+        );
         assert_eq!(
             connect("nonsense").await.unwrap_err().kind(),
             ErrorKind::InvalidInput
         );
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[tokio::test]
+    async fn sqlite_urls_reach_lock_sql() {
+        let dir = std::env::temp_dir().join(format!("distlock-facade-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let url = format!("sqlite://{}", dir.join("locks.db").display());
+        let (a, b) = (connect(&url).await.unwrap(), connect(&url).await.unwrap());
+        let guard = a.lock("k").await.unwrap();
+        assert_eq!(
+            b.try_lock("k").await.unwrap_err().kind(),
+            ErrorKind::HeldByAnother
+        );
+        assert!(guard.release().await.unwrap());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
