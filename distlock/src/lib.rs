@@ -23,10 +23,10 @@
 //! | URL scheme | backend | feature |
 //! |---|---|---|
 //! | `memory://NAME` | in-process reference backend ([`MemoryBackend`]) | always |
-//! | `sqlite://PATH` | SQLite file, no server ([`lock_sql`]) | `sqlite` (default) |
-//! | `postgres://`, `postgresql://` | PostgreSQL ([`lock_sql`]) | `postgres` |
-//! | `mysql://`, `mariadb://` | MariaDB 10.5+ ([`lock_sql`]) | `mysql` |
-//! | `redis://`, `redis+redlock://` | Redis, Redlock ([`lock_redis`]) | `redis` (`rediss` with `redis-tls`) |
+//! | `sqlite://PATH` | SQLite file, no server (`lock-sql`) | `sqlite` (default) |
+//! | `postgres://`, `postgresql://` | PostgreSQL (`lock-sql`) | `postgres` |
+//! | `mysql://`, `mariadb://` | MariaDB 10.5+ (`lock-sql`) | `mysql` |
+//! | `redis://`, `redis+redlock://` | Redis, Redlock (`lock-redis`) | `redis` (`rediss` with `redis-tls`) |
 
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub use lock_sql;
