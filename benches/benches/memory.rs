@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use distlock_benches::{report, sample, Sample};
+use distlock_benches::{contended, report, sample};
 use lock_core::{AcquireRequest, LockBackend, LockClient, LockKey, MemoryBackend};
 
 const CYCLES: usize = 20_000;
@@ -41,8 +41,8 @@ fn main() {
         })
         .await;
 
-        let distinct = contended(&client, 16, false).await;
-        let shared = contended(&client, 8, true).await;
+        let distinct = contended(&client, 16, false, 500).await;
+        let shared = contended(&client, 8, true, 500).await;
 
         report("raw try_acquire + release (uncontended)", &raw);
         report("library lock + release (uncontended)", &library);
@@ -53,34 +53,4 @@ fn main() {
         report("16 tasks, distinct keys, mean per cycle", &distinct);
         report("8 tasks, one key, mean per handover", &shared);
     });
-}
-
-/// `tasks` tasks each doing lock+release cycles, on distinct keys or one shared key.
-async fn contended(client: &LockClient, tasks: usize, one_key: bool) -> Sample {
-    let per_task = 500;
-    let started = std::time::Instant::now();
-    let mut set = tokio::task::JoinSet::new();
-    for task in 0..tasks {
-        let client = client.clone();
-        let key = if one_key {
-            "bench/shared".to_string()
-        } else {
-            format!("bench/distinct/{task}")
-        };
-        set.spawn(async move {
-            for _ in 0..per_task {
-                let guard = client.lock(&key).ttl(TTL).await.expect("lock");
-                guard.release().await.expect("release");
-            }
-        });
-    }
-    while let Some(done) = set.join_next().await {
-        done.expect("bench task");
-    }
-    let per_cycle = started.elapsed() / (tasks * per_task) as u32;
-    Sample {
-        median: per_cycle,
-        p99: per_cycle,
-        count: tasks * per_task,
-    }
 }

@@ -6,9 +6,9 @@
 //! store-process fixture (PostgreSQL and MariaDB must be installed).
 
 use std::str::FromStr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use distlock_benches::{report, sample, Sample};
+use distlock_benches::{contended, report, sample};
 use lock_core::{LeaseId, LockClient};
 use sqlx::{AssertSqlSafe, ColumnIndex, Database, Encode, Executor, IntoArguments, Pool, Type};
 
@@ -118,34 +118,4 @@ where
         "{name}: handovers per second on one key: {:.0}",
         1.0 / shared.median.as_secs_f64()
     );
-}
-
-/// `tasks` tasks each doing `per_task` lock+release cycles, on distinct keys or one key;
-/// the result is the mean wall time per cycle (per handover for one key).
-async fn contended(client: &LockClient, tasks: usize, one_key: bool, per_task: usize) -> Sample {
-    let started = Instant::now();
-    let mut set = tokio::task::JoinSet::new();
-    for task in 0..tasks {
-        let client = client.clone();
-        let key = if one_key {
-            "bench/shared".to_string()
-        } else {
-            format!("bench/distinct/{task}")
-        };
-        set.spawn(async move {
-            for _ in 0..per_task {
-                let guard = client.lock(&key).ttl(TTL).await.expect("lock");
-                guard.release().await.expect("release");
-            }
-        });
-    }
-    while let Some(done) = set.join_next().await {
-        done.expect("bench task");
-    }
-    let per_cycle = started.elapsed() / (tasks * per_task) as u32;
-    Sample {
-        median: per_cycle,
-        p99: per_cycle,
-        count: tasks * per_task,
-    }
 }

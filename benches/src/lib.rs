@@ -2,6 +2,8 @@
 //! same way for every backend.
 
 use std::future::Future;
+
+use lock_core::LockClient;
 use std::time::{Duration, Instant};
 
 /// A summary of timed runs.
@@ -44,4 +46,43 @@ pub fn report(name: &str, sample: &Sample) {
         "{name:<45} median {:>10.2?}  p99 {:>10.2?}  ({} runs)",
         sample.median, sample.p99, sample.count
     );
+}
+
+/// `tasks` tasks each doing `per_task` lock+release cycles, on distinct keys or one key;
+/// the result is the mean wall time per cycle (per handover for one key).
+pub async fn contended(
+    client: &LockClient,
+    tasks: usize,
+    one_key: bool,
+    per_task: usize,
+) -> Sample {
+    let started = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for task in 0..tasks {
+        let client = client.clone();
+        let key = if one_key {
+            "bench/shared".to_string()
+        } else {
+            format!("bench/distinct/{task}")
+        };
+        set.spawn(async move {
+            for _ in 0..per_task {
+                let guard = client
+                    .lock(&key)
+                    .ttl(Duration::from_secs(30))
+                    .await
+                    .expect("lock");
+                guard.release().await.expect("release");
+            }
+        });
+    }
+    while let Some(done) = set.join_next().await {
+        done.expect("bench task");
+    }
+    let per_cycle = started.elapsed() / (tasks * per_task) as u32;
+    Sample {
+        median: per_cycle,
+        p99: per_cycle,
+        count: tasks * per_task,
+    }
 }

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use tokio::sync::{broadcast, Notify};
+use tokio::sync::Notify;
 use tokio::time::{sleep_until, Instant as TokioInstant};
 
 use crate::backend::{KeyWatch, LockBackend, LockInfo};
@@ -14,6 +14,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::guard::lock;
 use crate::key::LockKey;
 use crate::lease::{AcquireRequest, FencingToken, Lease, LeaseId};
+use crate::notify::ReleaseFeed;
 use crate::options::WaitSpec;
 
 /// Locks kept in this process's memory: every capability, for tests, examples and for
@@ -34,7 +35,7 @@ pub struct MemoryBackend {
 #[derive(Debug)]
 struct Store {
     state: Mutex<State>,
-    changes: broadcast::Sender<LockKey>,
+    releases: ReleaseFeed,
 }
 
 #[derive(Debug, Default)]
@@ -85,7 +86,7 @@ impl MemoryBackend {
         MemoryBackend {
             store: Arc::new(Store {
                 state: Mutex::new(State::default()),
-                changes: broadcast::channel(1024).0,
+                releases: ReleaseFeed::new(),
             }),
             capabilities: Capabilities {
                 fair_ordering: fair,
@@ -110,11 +111,6 @@ impl MemoryBackend {
         keys.sort();
         keys.dedup();
         keys
-    }
-
-    fn announce(&self, key: &LockKey) {
-        // Nobody listening is fine.
-        let _ = self.store.changes.send(key.clone());
     }
 
     fn expiry(&self, ttl: Duration) -> Result<Instant> {
@@ -308,7 +304,7 @@ impl LockBackend for MemoryBackend {
             state.wake_head(key);
             live
         };
-        self.announce(key);
+        self.store.releases.released(key.as_str());
         Ok(live)
     }
 
@@ -332,31 +328,6 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {
-        Ok(Some(Box::new(MemoryWatch {
-            key: key.clone(),
-            changes: self.store.changes.subscribe(),
-        })))
-    }
-}
-
-struct MemoryWatch {
-    key: LockKey,
-    changes: broadcast::Receiver<LockKey>,
-}
-
-#[async_trait]
-impl KeyWatch for MemoryWatch {
-    async fn changed(&mut self) -> Result<()> {
-        loop {
-            match self.changes.recv().await {
-                Ok(key) if key == self.key => return Ok(()),
-                Ok(_) => {}
-                // Missed messages may include ours: wake and let the waiter look.
-                Err(broadcast::error::RecvError::Lagged(_)) => return Ok(()),
-                Err(broadcast::error::RecvError::Closed) => {
-                    return Err(Error::new(ErrorKind::Internal, "memory store closed"))
-                }
-            }
-        }
+        Ok(Some(self.store.releases.watch(key.as_str())))
     }
 }

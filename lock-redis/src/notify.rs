@@ -5,13 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use lock_core::{async_trait, Error, ErrorKind, KeyWatch, Result};
-use tokio::sync::{broadcast, watch, OnceCell};
+use lock_core::{KeyWatch, ReleaseFeed, Result};
+use tokio::sync::{watch, OnceCell};
 use tokio::task::JoinHandle;
 
-/// A message that wakes every waiter: sent when a subscription (re)starts, since releases
-/// published while it was down are lost.
-const WAKE_ALL: &[u8] = b"";
 /// Pause before resubscribing after a failure, doubled up to [`MAX_PAUSE`].
 const FIRST_PAUSE: Duration = Duration::from_millis(50);
 const MAX_PAUSE: Duration = Duration::from_secs(1);
@@ -33,7 +30,7 @@ struct Progress {
 }
 
 struct Running {
-    changes: broadcast::Sender<Arc<[u8]>>,
+    releases: ReleaseFeed,
     progress: watch::Receiver<Progress>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -61,7 +58,7 @@ impl Notifier {
     }
 
     fn start(&self) -> Running {
-        let (changes, _) = broadcast::channel(1024);
+        let releases = ReleaseFeed::new();
         let (progress_tx, progress) = watch::channel(Progress::default());
         let progress_tx = Arc::new(progress_tx);
         let tasks = self
@@ -72,13 +69,13 @@ impl Notifier {
                     client.clone(),
                     self.channel.clone(),
                     self.connect_timeout,
-                    changes.clone(),
+                    releases.clone(),
                     Arc::clone(&progress_tx),
                 ))
             })
             .collect();
         Running {
-            changes,
+            releases,
             progress,
             tasks,
         }
@@ -89,17 +86,15 @@ impl Notifier {
     /// is seen; a subscription that is down costs the waiter its fallback poll, no more.
     pub(crate) async fn watch(&self, redis_key: String) -> Result<Box<dyn KeyWatch>> {
         let running = self.running.get_or_init(|| async { self.start() }).await;
-        let changes = running.changes.subscribe();
+        // Subscribed before waiting, so nothing published from here on is missed.
+        let watch = running.releases.watch(redis_key);
         let total = self.clients.len();
         let mut progress = running.progress.clone();
         let settled = progress.wait_for(|p| p.settled >= total);
         // Time-out and a closed channel both just mean "notifications may be late".
         let _ = tokio::time::timeout(self.connect_timeout, settled).await;
         tracing::trace!(live = progress.borrow().live, "release subscription");
-        Ok(Box::new(RedisWatch {
-            key: redis_key.into_bytes(),
-            changes,
-        }))
+        Ok(watch)
     }
 }
 
@@ -107,7 +102,7 @@ async fn subscribe_forever(
     client: redis::Client,
     channel: String,
     connect_timeout: Duration,
-    changes: broadcast::Sender<Arc<[u8]>>,
+    releases: ReleaseFeed,
     progress: Arc<watch::Sender<Progress>>,
 ) {
     let mut first = true;
@@ -127,14 +122,14 @@ async fn subscribe_forever(
                 });
                 first = false;
                 pause = FIRST_PAUSE;
-                let _ = changes.send(Arc::from(WAKE_ALL));
+                // Releases published while no subscription was live went unheard.
+                releases.wake_all();
                 let mut messages = pubsub.into_on_message();
                 while let Some(message) = messages.next().await {
-                    // Nobody waiting is fine.
-                    let _ = changes.send(Arc::from(message.get_payload_bytes()));
+                    releases.released(&String::from_utf8_lossy(message.get_payload_bytes()));
                 }
                 progress.send_modify(|p| p.live = p.live.saturating_sub(1));
-                let _ = changes.send(Arc::from(WAKE_ALL));
+                releases.wake_all();
                 tracing::debug!("release subscription ended; resubscribing");
             }
             failed => {
@@ -150,30 +145,5 @@ async fn subscribe_forever(
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(MAX_PAUSE);
-    }
-}
-
-struct RedisWatch {
-    key: Vec<u8>,
-    changes: broadcast::Receiver<Arc<[u8]>>,
-}
-
-#[async_trait]
-impl KeyWatch for RedisWatch {
-    async fn changed(&mut self) -> Result<()> {
-        loop {
-            match self.changes.recv().await {
-                Ok(key) if *key == *self.key || key.is_empty() => return Ok(()),
-                Ok(_) => {}
-                // Missed messages may include ours: wake and let the waiter look.
-                Err(broadcast::error::RecvError::Lagged(_)) => return Ok(()),
-                Err(broadcast::error::RecvError::Closed) => {
-                    return Err(Error::new(
-                        ErrorKind::Internal,
-                        "the release subscription was shut down",
-                    ))
-                }
-            }
-        }
     }
 }

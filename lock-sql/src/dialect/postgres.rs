@@ -1,13 +1,12 @@
 //! PostgreSQL, with waiters woken by LISTEN/NOTIFY.
 
 use std::str::FromStr;
-use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{async_trait, redact_url, Error, ErrorKind, KeyWatch, Result};
+use lock_core::{redact_url, Error, ErrorKind, KeyWatch, ReleaseFeed, Result};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions, PgQueryResult};
 use sqlx::{Pool, Postgres};
-use tokio::sync::{broadcast, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::{RowsAffected, SqlText};
@@ -54,19 +53,10 @@ pub(crate) fn pool(config: &SqlConfig) -> Result<Pool<Postgres>> {
         .connect_lazy_with(options))
 }
 
-/// What the shared listener passes on to subscribers.
-#[derive(Clone, Debug)]
-enum Change {
-    /// This key was released.
-    Released(Arc<str>),
-    /// Notifications may have been missed (listener reconnected): everyone re-checks.
-    Unknown,
-}
-
 /// One LISTEN connection per backend, serving the waiters of every key.
 #[derive(Debug)]
 pub(crate) struct Notifier {
-    changes: broadcast::Sender<Change>,
+    releases: ReleaseFeed,
     listening: watch::Receiver<bool>,
     task: JoinHandle<()>,
 }
@@ -74,11 +64,11 @@ pub(crate) struct Notifier {
 impl Notifier {
     /// Starts the listener task; must be called inside a tokio runtime.
     pub(crate) fn start(pool: Pool<Postgres>, channel: String) -> Self {
-        let (changes, _) = broadcast::channel(1024);
+        let releases = ReleaseFeed::new();
         let (listening_tx, listening) = watch::channel(false);
-        let task = tokio::spawn(listen(pool, channel, changes.clone(), listening_tx));
+        let task = tokio::spawn(listen(pool, channel, releases.clone(), listening_tx));
         Notifier {
-            changes,
+            releases,
             listening,
             task,
         }
@@ -87,13 +77,11 @@ impl Notifier {
     /// A subscription for `key`, made once the listener is listening (or after a short
     /// wait for it, falling back to the poll).
     pub(crate) async fn subscribe(&self, key: &str) -> Box<dyn KeyWatch> {
-        let changes = self.changes.subscribe();
+        // Subscribed before waiting, so nothing sent from here on is missed.
+        let watch = self.releases.watch(key);
         let mut listening = self.listening.clone();
         let _ = tokio::time::timeout(LISTEN_READY_WAIT, listening.wait_for(|ready| *ready)).await;
-        Box::new(PgKeyWatch {
-            key: key.to_owned(),
-            changes,
-        })
+        watch
     }
 }
 
@@ -106,7 +94,7 @@ impl Drop for Notifier {
 async fn listen(
     pool: Pool<Postgres>,
     channel: String,
-    changes: broadcast::Sender<Change>,
+    releases: ReleaseFeed,
     listening: watch::Sender<bool>,
 ) {
     loop {
@@ -125,47 +113,21 @@ async fn listen(
         }
         listening.send_replace(true);
         // Releases between the previous connection's loss and this LISTEN were missed.
-        let _ = changes.send(Change::Unknown);
+        releases.wake_all();
         loop {
             match listener.try_recv().await {
                 Ok(Some(notification)) => {
-                    let _ = changes.send(Change::Released(Arc::from(notification.payload())));
+                    releases.released(notification.payload());
                 }
                 // The connection was lost; the next call reconnects and re-listens.
                 Ok(None) => {
-                    let _ = changes.send(Change::Unknown);
+                    releases.wake_all();
                 }
                 Err(err) => {
                     tracing::debug!(error = %err, "LISTEN connection broke; reconnecting");
-                    let _ = changes.send(Change::Unknown);
+                    releases.wake_all();
                     tokio::time::sleep(RELISTEN_PAUSE).await;
                     break;
-                }
-            }
-        }
-    }
-}
-
-/// One waiter's view of the shared listener, filtered to its key.
-struct PgKeyWatch {
-    key: String,
-    changes: broadcast::Receiver<Change>,
-}
-
-#[async_trait]
-impl KeyWatch for PgKeyWatch {
-    async fn changed(&mut self) -> Result<()> {
-        loop {
-            match self.changes.recv().await {
-                Ok(Change::Released(key)) if *key == *self.key => return Ok(()),
-                Ok(Change::Released(_)) => {}
-                // Missed notifications: a spurious wake-up is the safe answer.
-                Ok(Change::Unknown) | Err(broadcast::error::RecvError::Lagged(_)) => return Ok(()),
-                Err(broadcast::error::RecvError::Closed) => {
-                    return Err(Error::new(
-                        ErrorKind::Unavailable,
-                        "the PostgreSQL notification listener stopped",
-                    ))
                 }
             }
         }
