@@ -29,6 +29,7 @@
 mod backend;
 mod capabilities;
 mod client;
+mod detach;
 mod error;
 mod fencing;
 mod guard;
@@ -44,6 +45,7 @@ pub mod wait;
 pub use backend::{DynBackend, KeyWatch, LockBackend, LockBackendExt, LockInfo, ReleaseOutcome};
 pub use capabilities::Capabilities;
 pub use client::{LockClient, LockRequest};
+pub use detach::{finish_if_dropped, FinishIfDropped};
 pub use error::{Error, ErrorKind, Result};
 pub use fencing::{FencedResource, StaleToken};
 pub use guard::LockGuard;

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{
-    async_trait, AcquireRequest, Capabilities, Error, ErrorKind, FencingToken, KeyWatch, LeaseId,
-    LockBackend, LockInfo, LockKey, Result,
+    async_trait, finish_if_dropped, AcquireRequest, Capabilities, Error, ErrorKind, FencingToken,
+    KeyWatch, LeaseId, LockBackend, LockInfo, LockKey, Result,
 };
 
 use crate::config::{Dialect, SqlConfig};
@@ -226,7 +226,7 @@ impl LockBackend for SqlBackend {
         // Runs to completion even if the caller gives up, then opens the gate.
         let inner = Arc::clone(&self.inner);
         let key = request.key().clone();
-        let task = tokio::spawn(async move {
+        finish_if_dropped(async move {
             let result = on_store!(&inner.store, ops => ops.acquire(&key, lease_id, ttl_ms).await);
             let mut in_flight = in_flight(&inner);
             if in_flight
@@ -237,10 +237,8 @@ impl LockBackend for SqlBackend {
             }
             drop(running);
             result
-        });
-        task.await.map_err(|err| {
-            Error::new(ErrorKind::Internal, "the acquire task failed").with_source(err)
-        })?
+        })
+        .await
     }
 
     async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
