@@ -246,3 +246,38 @@ async fn restart_with_aof_always_keeps_locks_and_counters() {
     assert_eq!(next.token().get(), 5, "the counter survived the restart");
     assert!(next.release().await.unwrap());
 }
+
+/// The scripts are called by hash; after `SCRIPT FLUSH` empties the server's script cache,
+/// every operation still works because a missing script is loaded again transparently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_are_reloaded_after_script_flush() {
+    let server = start_redis().await;
+    let url = redis_url(server.addr(), "");
+    let client =
+        LockClient::from_dyn(connect(&url).await).with_defaults(options(Duration::from_secs(10)));
+    let key = key("script-flush");
+    let first = client.lock(&key).await.unwrap();
+    let first_token = first.token();
+    let mut raw = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let flushed: String = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(flushed, "OK");
+    first.renew().await.unwrap();
+    assert!(first.release().await.unwrap());
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async::<String>(&mut raw)
+        .await
+        .unwrap();
+    let second = client.lock(&key).await.unwrap();
+    assert!(second.token() > first_token);
+    assert!(client.inspect(&key).await.unwrap().is_some());
+    assert!(second.release().await.unwrap());
+}
