@@ -1,30 +1,43 @@
-//! Release notifications fanned out to waiters: one feed per backend client, however the
-//! store delivers them (an in-process channel, PostgreSQL NOTIFY, Redis pub/sub).
+//! Release notifications handed to waiters: one feed per backend client, however the store
+//! delivers them (an in-process call, PostgreSQL NOTIFY, Redis pub/sub).
 
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use tokio::sync::broadcast;
+use tokio::sync::{watch, Notify};
 
 use crate::backend::KeyWatch;
 use crate::error::{Error, ErrorKind, Result};
-
-#[derive(Clone, Debug)]
-enum Change {
-    Released(Arc<str>),
-    /// Notifications may have been missed (a subscription restarted): everyone re-checks.
-    Unknown,
-}
+use crate::guard::lock;
 
 /// Where a backend announces releases and its waiters subscribe.
 ///
 /// Names are whatever the backend publishes for a key (the key itself, or the store's name
-/// for it). A waiter wakes on its name's release, on [`wake_all`](Self::wake_all), and
-/// whenever it fell behind, since a missed message may have been its own: spurious
-/// wake-ups cost one attempt, missed ones a fallback poll.
+/// for it). A release wakes *one* waiter of that name (the longest waiting one that has
+/// not been woken yet), not all of them: only one can win the key, so waking the rest
+/// would only send a herd of doomed attempts to the store. A waiter that is dropped with a
+/// wake-up it never used hands it on to the next. [`wake_all`](Self::wake_all) wakes
+/// everyone, for when releases may have gone unheard. Spurious wake-ups cost one attempt;
+/// missed ones are covered by the waiter's fallback poll.
 #[derive(Clone, Debug)]
 pub struct ReleaseFeed {
-    changes: broadcast::Sender<Change>,
+    inner: Arc<Feed>,
+}
+
+#[derive(Debug)]
+struct Feed {
+    waiters: Mutex<HashMap<Arc<str>, VecDeque<Arc<Waiter>>>>,
+    /// Bumped by `wake_all`; every watch sees the change.
+    everyone: watch::Sender<u64>,
+}
+
+#[derive(Debug, Default)]
+struct Waiter {
+    wake: Notify,
+    /// Woken and not yet seen by the waiter.
+    woken: AtomicBool,
 }
 
 impl Default for ReleaseFeed {
@@ -33,54 +46,95 @@ impl Default for ReleaseFeed {
     }
 }
 
+impl Feed {
+    /// Wakes the first waiter of `name` that is not woken already.
+    fn wake_one(&self, name: &str) {
+        let waiters = lock(&self.waiters);
+        let Some(queue) = waiters.get(name) else {
+            return;
+        };
+        if let Some(waiter) = queue.iter().find(|w| !w.woken.load(Ordering::SeqCst)) {
+            waiter.woken.store(true, Ordering::SeqCst);
+            // Stored as a permit if the waiter is between two attempts right now.
+            waiter.wake.notify_one();
+        }
+    }
+}
+
 impl ReleaseFeed {
-    /// A feed with room for 1,024 unread messages per waiter.
+    /// A feed with no waiters.
     pub fn new() -> Self {
         ReleaseFeed {
-            changes: broadcast::channel(1024).0,
+            inner: Arc::new(Feed {
+                waiters: Mutex::new(HashMap::new()),
+                everyone: watch::Sender::new(0),
+            }),
         }
     }
 
-    /// Wakes the waiters of `name`.
+    /// Wakes one waiter of `name`.
     pub fn released(&self, name: &str) {
-        // Nobody waiting is fine.
-        let _ = self.changes.send(Change::Released(Arc::from(name)));
+        self.inner.wake_one(name);
     }
 
     /// Wakes every waiter, for when releases may have gone unheard.
     pub fn wake_all(&self) {
-        let _ = self.changes.send(Change::Unknown);
+        self.inner.everyone.send_modify(|epoch| *epoch += 1);
     }
 
-    /// A watch for `name`, seeing every message sent from now on.
+    /// A watch for `name`, woken by releases announced from now on.
     pub fn watch(&self, name: impl Into<Arc<str>>) -> Box<dyn KeyWatch> {
+        let name = name.into();
+        let waiter = Arc::new(Waiter::default());
+        lock(&self.inner.waiters)
+            .entry(Arc::clone(&name))
+            .or_default()
+            .push_back(Arc::clone(&waiter));
         Box::new(FeedWatch {
-            name: name.into(),
-            changes: self.changes.subscribe(),
+            feed: Arc::clone(&self.inner),
+            everyone: self.inner.everyone.subscribe(),
+            name,
+            waiter,
         })
     }
 }
 
 struct FeedWatch {
+    feed: Arc<Feed>,
+    everyone: watch::Receiver<u64>,
     name: Arc<str>,
-    changes: broadcast::Receiver<Change>,
+    waiter: Arc<Waiter>,
 }
 
 #[async_trait]
 impl KeyWatch for FeedWatch {
     async fn changed(&mut self) -> Result<()> {
-        loop {
-            match self.changes.recv().await {
-                Ok(Change::Released(name)) if name == self.name => return Ok(()),
-                Ok(Change::Released(_)) => {}
-                Ok(Change::Unknown) | Err(broadcast::error::RecvError::Lagged(_)) => return Ok(()),
-                Err(broadcast::error::RecvError::Closed) => {
-                    return Err(Error::new(
-                        ErrorKind::Internal,
-                        "the release feed was shut down",
-                    ))
+        tokio::select! {
+            () = self.waiter.wake.notified() => {
+                self.waiter.woken.store(false, Ordering::SeqCst);
+                Ok(())
+            }
+            changed = self.everyone.changed() => changed.map_err(|_| {
+                Error::new(ErrorKind::Internal, "the release feed was shut down")
+            }),
+        }
+    }
+}
+
+impl Drop for FeedWatch {
+    fn drop(&mut self) {
+        {
+            let mut waiters = lock(&self.feed.waiters);
+            if let Some(queue) = waiters.get_mut(&self.name) {
+                queue.retain(|w| !Arc::ptr_eq(w, &self.waiter));
+                if queue.is_empty() {
+                    waiters.remove(&self.name);
                 }
             }
+        }
+        // A wake-up this waiter never used belongs to the next one.
+        if self.waiter.woken.load(Ordering::SeqCst) {
+            self.feed.wake_one(&self.name);
         }
     }
 }
@@ -106,5 +160,30 @@ mod tests {
         assert!(wakes(&mut watch).await);
         feed.wake_all();
         assert!(wakes(&mut watch).await);
+        assert!(!wakes(&mut watch).await);
+    }
+
+    #[tokio::test]
+    async fn one_release_wakes_one_waiter_in_arrival_order() {
+        let feed = ReleaseFeed::new();
+        let (mut first, mut second) = (feed.watch("k"), feed.watch("k"));
+        feed.released("k");
+        assert!(wakes(&mut first).await);
+        assert!(!wakes(&mut second).await);
+        feed.released("k");
+        feed.released("k");
+        assert!(wakes(&mut first).await);
+        assert!(wakes(&mut second).await);
+    }
+
+    #[tokio::test]
+    async fn an_unused_wake_up_passes_on_when_its_waiter_leaves() {
+        let feed = ReleaseFeed::new();
+        let (first, mut second) = (feed.watch("k"), feed.watch("k"));
+        feed.released("k");
+        drop(first);
+        assert!(wakes(&mut second).await);
+        drop(second);
+        assert!(lock(&feed.inner.waiters).is_empty(), "waiters left behind");
     }
 }
