@@ -99,6 +99,7 @@ scenarios! {
     waiting::try_lock_returns_at_once => Nothing,
     waiting::bounded_wait_times_out => Nothing,
     waiting::waiter_wakes_promptly_after_release => Nothing,
+    waiting::waiters_take_turns_promptly => Nothing,
     waiting::waiter_wakes_despite_dropped_notification => NotifiedPolling,
     waiting::fifo_order_with_dead_waiter => FairOrdering,
     recovery::reentrancy_accounting => Reentrancy,

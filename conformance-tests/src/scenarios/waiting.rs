@@ -74,6 +74,17 @@ pub async fn bounded_wait_times_out(ctx: &Ctx) -> Outcome {
 /// Waits until the waiter behind `faulty` has made an attempt that found the key held,
 /// so the release that follows really has to wake it.
 async fn until_waiting(ctx: &Ctx, faulty: &FaultyBackend, key: &str, before: u64) -> Outcome {
+    until_n_waiting(ctx, faulty, key, before, 1).await
+}
+
+/// Waits until `n` waiters behind `faulty` have each found the key held at least once.
+async fn until_n_waiting(
+    ctx: &Ctx,
+    faulty: &FaultyBackend,
+    key: &str,
+    before: u64,
+    n: u64,
+) -> Outcome {
     if ctx.capabilities().fair_ordering {
         let (observer, key) = (ctx.backend().await?, LockKey::new(key)?);
         eventually(SLACK * 10, "the waiter queues", || async {
@@ -81,12 +92,12 @@ async fn until_waiting(ctx: &Ctx, faulty: &FaultyBackend, key: &str, before: u64
                 .inspect(&key)
                 .await?
                 .and_then(|info| info.waiters)
-                .is_some_and(|n| n > 0))
+                .is_some_and(|queued| queued as u64 >= n))
         })
         .await
     } else {
         eventually(SLACK * 10, "the waiter's first attempt", || async {
-            Ok(faulty.completed(Op::Acquire) > before)
+            Ok(faulty.completed(Op::Acquire) >= before + n)
         })
         .await
     }
@@ -96,6 +107,14 @@ async fn until_waiting(ctx: &Ctx, faulty: &FaultyBackend, key: &str, before: u64
 /// where the store notifies (the fallback poll is set far longer), or within one poll
 /// interval where it does not.
 pub async fn waiter_wakes_promptly_after_release(ctx: &Ctx) -> Outcome {
+    let (backoff, bound) = wake_up_bound(ctx);
+    release_wakes_waiter(ctx, "wake", backoff, bound, false).await
+}
+
+/// The backoff a waiter uses in the wake-up scenarios, and how soon after a release it
+/// must have the key: the fallback poll is made far longer than the bound where the store
+/// notifies, so meeting the bound proves the notification path.
+fn wake_up_bound(ctx: &Ctx) -> (Backoff, Duration) {
     let backoff = if ctx.capabilities().native_notification {
         Backoff {
             initial: Duration::from_secs(5),
@@ -109,7 +128,46 @@ pub async fn waiter_wakes_promptly_after_release(ctx: &Ctx) -> Outcome {
     } else {
         backoff.max + SLACK
     };
-    release_wakes_waiter(ctx, "wake", backoff, bound, false).await
+    (backoff, bound)
+}
+
+/// Several waiters of one client, queued behind a holder, all get the key in turn, each
+/// within one wake-up of the previous release: no release is lost between them, however
+/// the client hands wake-ups to its waiters.
+pub async fn waiters_take_turns_promptly(ctx: &Ctx) -> Outcome {
+    const WAITERS: u64 = 4;
+    let key = ctx.key("turns");
+    let holder = ctx.client().await?;
+    let (waiters, faulty) = ctx.faulty_client().await?;
+    let (backoff, bound) = wake_up_bound(ctx);
+    let hold = Duration::from_millis(20);
+    let guard = holder.lock(&key).await?;
+    let before = faulty.completed(Op::Acquire);
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..WAITERS {
+        let (client, key) = (waiters.clone(), key.clone());
+        let options = AcquireOptions {
+            backoff,
+            ..ctx.options()
+        };
+        tasks.spawn(async move {
+            let guard = client.lock(&key).options(options).await?;
+            tokio::time::sleep(hold).await; // the critical section itself
+            guard.release().await?;
+            Ok(())
+        });
+    }
+    until_n_waiting(ctx, &faulty, &key, before, WAITERS).await?;
+    let released_at = Instant::now();
+    ensure!(guard.release().await?, "holder lost its lease");
+    let limit = (hold + bound) * WAITERS as u32;
+    crate::harness::join_all(limit + Duration::from_secs(10), "waiters", &mut tasks).await?;
+    let took = released_at.elapsed();
+    ensure!(
+        took <= limit,
+        "{WAITERS} waiters took {took:?} to get the key in turn (bound {limit:?})"
+    );
+    Ok(())
 }
 
 /// A waiter still gets the key when the release notification is lost: the fallback poll
