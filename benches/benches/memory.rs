@@ -12,12 +12,7 @@ const CYCLES: usize = 20_000;
 const TTL: Duration = Duration::from_secs(30);
 
 fn main() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
-    runtime.block_on(async {
+    distlock_benches::runtime().block_on(async {
         let backend = MemoryBackend::new();
         let key = LockKey::new("bench/raw").expect("valid key");
         let raw = sample(CYCLES, || async {

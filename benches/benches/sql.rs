@@ -18,12 +18,7 @@ mod support;
 const TTL: Duration = Duration::from_secs(30);
 
 fn main() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
-    runtime.block_on(async {
+    distlock_benches::runtime().block_on(async {
         let sqlite = support::Database::sqlite().await.expect("sqlite");
         let options = sqlx::sqlite::SqliteConnectOptions::from_str(&sqlite.url)
             .expect("sqlite url")

@@ -6,6 +6,15 @@ use std::future::Future;
 use lock_core::LockClient;
 use std::time::{Duration, Instant};
 
+/// The runtime every bench runs on: two worker threads, like the machine's two cores.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
 /// A summary of timed runs.
 #[derive(Clone, Copy, Debug)]
 pub struct Sample {
