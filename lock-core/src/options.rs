@@ -11,7 +11,8 @@ pub enum Wait {
     No,
     /// Wait up to this long; then fail with [`ErrorKind::TimedOut`](crate::ErrorKind).
     UpTo(Duration),
-    /// Wait until the key is free.
+    /// Wait until the key is free, retrying through store outages as well (each request
+    /// is still bounded by the request timeout).
     Forever,
 }
 

@@ -12,8 +12,9 @@ use crate::options::AcquireOptions;
 /// A reentrant lock owner. Clones are the same owner, so it can be shared across tasks.
 ///
 /// Locking a key the owner already holds succeeds at once with the same lease and token,
-/// and must be released as many times; only the outermost release touches the store.
-/// Locks taken directly on a [`LockClient`] are not reentrant.
+/// and must be released as many times; only the outermost release touches the store. A
+/// re-entry shares the outer lease, its TTL and its renewal; the options of the inner
+/// request are not used. Locks taken directly on a [`LockClient`] are not reentrant.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
