@@ -12,8 +12,6 @@ use crate::error::{breaks_connection, from_redis};
 
 pub(crate) static ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/acquire.lua")));
-pub(crate) static RENEW: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/renew.lua")));
 pub(crate) static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
 pub(crate) static RENEW_MANY: LazyLock<Script> =

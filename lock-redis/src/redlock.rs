@@ -14,10 +14,11 @@ use lock_core::{
 };
 
 use crate::backend::{capabilities, parse_inspect, ttl_millis};
+use crate::batch::RenewBatcher;
 use crate::config::RedisConfig;
 use crate::error::unexpected_reply;
 use crate::keys::Layout;
-use crate::node::{Node, CONFIRM, INSPECT, RELEASE, RENEW, RESERVE};
+use crate::node::{Node, CONFIRM, INSPECT, RELEASE, RESERVE};
 use crate::notify::Notifier;
 
 /// Locks held on a majority of N independent Redis nodes (the Redlock algorithm), with a
@@ -34,7 +35,10 @@ pub struct RedlockBackend {
 }
 
 struct Inner {
-    nodes: Vec<Node>,
+    nodes: Vec<Arc<Node>>,
+    /// One renewal queue per node, so renewing many held locks costs a round trip per
+    /// node, not per lock.
+    renewals: Vec<Arc<RenewBatcher>>,
     layout: Layout,
     notifier: Notifier,
     node_timeout: Duration,
@@ -64,14 +68,18 @@ impl RedlockBackend {
         let nodes = config
             .node_urls()
             .iter()
-            .map(|url| Node::new(url, config.connect_timeout, config.response_timeout))
-            .collect::<Result<Vec<Node>>>()?;
+            .map(|url| {
+                Node::new(url, config.connect_timeout, config.response_timeout).map(Arc::new)
+            })
+            .collect::<Result<Vec<Arc<Node>>>>()?;
+        let renewals = nodes.iter().map(|_| Arc::default()).collect();
         let layout = Layout::new(&config.key_prefix);
         let clients = nodes.iter().map(|n| n.client().clone()).collect();
         let notifier = Notifier::new(clients, layout.channel(), config.connect_timeout);
         let backend = RedlockBackend {
             inner: Arc::new(Inner {
                 nodes,
+                renewals,
                 layout,
                 notifier,
                 node_timeout: config.node_timeout,
@@ -175,7 +183,7 @@ impl RedlockBackend {
 
 impl fmt::Debug for RedlockBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let nodes: Vec<&str> = self.inner.nodes.iter().map(Node::shown).collect();
+        let nodes: Vec<&str> = self.inner.nodes.iter().map(|node| node.shown()).collect();
         f.debug_struct("RedlockBackend")
             .field("nodes", &nodes)
             .field("layout", &self.inner.layout)
@@ -322,10 +330,12 @@ impl LockBackend for RedlockBackend {
         let (lock_key, lease) = (inner.layout.lock_key(key), lease_id.to_string());
         let ttl = ttl_millis(&inner.capabilities, ttl);
         let replies = self
-            .on_all(|_, node| {
-                let (lock_key, lease) = (&lock_key, &lease);
+            .on_all(|index, _| {
+                let (lock_key, lease) = (lock_key.clone(), lease.clone());
+                let (batcher, node) = (&inner.renewals[index], &inner.nodes[index]);
                 async move {
-                    node.invoke::<i64>(RENEW.key(lock_key).arg(lease).arg(ttl), "renew")
+                    batcher
+                        .renew(node, lock_key, lease, ttl, inner.node_timeout)
                         .await
                 }
             })
@@ -333,8 +343,8 @@ impl LockBackend for RedlockBackend {
         let (mut renewed, mut refused, mut errors) = (0, 0, Vec::new());
         for reply in replies {
             match reply {
-                Ok(1) => renewed += 1,
-                Ok(_) => refused += 1,
+                Ok(true) => renewed += 1,
+                Ok(false) => refused += 1,
                 Err(err) => errors.push(err),
             }
         }
