@@ -319,7 +319,92 @@ struct AbandonedAttempt {
 impl Drop for AbandonedAttempt {
     fn drop(&mut self) {
         if let Some((key, lease_id)) = self.request.take() {
-            spawn_release(self.backend.clone(), key, lease_id, self.timeout);
+            // Any attempt still on its way lands within about a request timeout.
+            spawn_release(
+                self.backend.clone(),
+                key,
+                lease_id,
+                self.timeout,
+                Some(self.timeout),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{KeyWatch, LockInfo};
+    use crate::capabilities::Capabilities;
+    use crate::lease::FencingToken;
+    use crate::MemoryBackend;
+
+    /// A store reached over a slow link: each acquisition lands 50 ms after it was sent,
+    /// whether or not the caller still waits for the reply.
+    #[derive(Debug)]
+    struct LateLanding(MemoryBackend);
+
+    #[async_trait::async_trait]
+    impl LockBackend for LateLanding {
+        fn name(&self) -> &'static str {
+            "late-landing"
+        }
+        fn capabilities(&self) -> &Capabilities {
+            self.0.capabilities()
+        }
+        async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<FencingToken>> {
+            let (store, request) = (self.0.clone(), request.clone());
+            let landing = tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                store.try_acquire(&request).await
+            });
+            landing
+                .await
+                .map_err(|e| Error::new(ErrorKind::Internal, e.to_string()))?
+        }
+        async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
+            self.0.renew(key, lease_id, ttl).await
+        }
+        async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
+            self.0.release(key, lease_id).await
+        }
+        async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+            self.0.inspect(key).await
+        }
+        async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {
+            self.0.watch(key).await
+        }
+    }
+
+    #[tokio::test]
+    async fn an_acquisition_landing_after_its_cleanup_is_released_again() {
+        let store = MemoryBackend::new();
+        let client = LockClient::new(LateLanding(store.clone())).with_defaults(AcquireOptions {
+            ttl: Duration::from_secs(60),
+            request_timeout: Duration::from_millis(200),
+            ..AcquireOptions::default()
+        });
+        // Given up before the request lands: the first clean-up release finds nothing.
+        let abandoned = tokio::time::timeout(
+            Duration::from_millis(10),
+            client.try_lock("k").into_future(),
+        )
+        .await;
+        assert!(abandoned.is_err());
+        let key = LockKey::new("k").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut seen_held = false;
+        loop {
+            let held = store.inspect(&key).await.unwrap().is_some();
+            seen_held |= held;
+            if seen_held && !held {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the late grant was never released (seen held: {seen_held})"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 }

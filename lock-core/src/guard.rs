@@ -104,6 +104,7 @@ impl HeldLock {
                 lease.key().clone(),
                 lease.id(),
                 self.options.request_timeout,
+                None,
             );
         }
     }
@@ -245,19 +246,30 @@ async fn keep_alive(held: Arc<HeldLock>) {
 
 /// Releases a lease id in the background, for a guard dropped without `release` or an
 /// acquisition abandoned mid-flight. Without a runtime the store's TTL ends the hold.
+///
+/// With `again_after`, the release is repeated once that much later: an abandoned request
+/// may still reach the store after the first release (a store applies what was sent even
+/// when nobody waits for the reply), and releasing a lease id nobody else uses is always
+/// harmless.
 pub(crate) fn spawn_release(
     backend: DynBackend,
     key: LockKey,
     lease_id: crate::LeaseId,
     timeout: std::time::Duration,
+    again_after: Option<std::time::Duration>,
 ) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         tracing::debug!(%key, "no runtime to release on; the lease will expire by its TTL");
         return;
     };
     runtime.spawn(async move {
-        let result = crate::backend::with_timeout(timeout, "release", backend.release(&key, lease_id)).await;
-        if let Err(err) = result {
+        let release = || crate::backend::with_timeout(timeout, "release", backend.release(&key, lease_id));
+        let mut released = release().await;
+        if let Some(pause) = again_after {
+            tokio::time::sleep(pause).await;
+            released = release().await;
+        }
+        if let Err(err) = released {
             tracing::debug!(error = %err, %key, "background release failed; the lease will expire by its TTL");
         }
     });
