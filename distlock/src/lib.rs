@@ -80,12 +80,27 @@ pub async fn connect(url: &str) -> Result<LockClient> {
 
 /// The URL schemes this build of distlock can connect to.
 pub fn supported_schemes() -> Vec<&'static str> {
-    let mut schemes = vec!["memory"];
-    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-    schemes.extend_from_slice(lock_sql::SCHEMES);
-    #[cfg(feature = "redis")]
-    schemes.extend_from_slice(lock_redis::SCHEMES);
-    schemes
+    let sql: &[&str] = {
+        #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+        {
+            lock_sql::SCHEMES
+        }
+        #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
+        {
+            &[]
+        }
+    };
+    let redis: &[&str] = {
+        #[cfg(feature = "redis")]
+        {
+            lock_redis::SCHEMES
+        }
+        #[cfg(not(feature = "redis"))]
+        {
+            &[]
+        }
+    };
+    [&["memory"], sql, redis].concat()
 }
 
 fn named_memory_store(name: &str) -> MemoryBackend {

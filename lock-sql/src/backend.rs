@@ -172,6 +172,8 @@ impl SqlBackend {
     /// The shared LISTEN task of a PostgreSQL backend, started on first use (inside a
     /// tokio runtime); `None` for other dialects.
     #[cfg(feature = "postgres")]
+    // With only the `postgres` feature the store has no other variant.
+    #[allow(irrefutable_let_patterns)]
     fn notifier(&self) -> Option<&postgres::Notifier> {
         let Store::Postgres(ops) = &self.inner.store else {
             return None;

@@ -14,7 +14,7 @@ use lock_core::{Error, ErrorKind, FencingToken, LeaseId, LockInfo, LockKey, Resu
 use sqlx::{AssertSqlSafe, ColumnIndex, Database, Decode, Encode, Executor, IntoArguments};
 use sqlx::{Pool, Row, SqlSafeStr, SqlStr, Type};
 
-use crate::config::Dialect;
+use crate::config::{Dialect, SqlConfig};
 use crate::error::map;
 
 /// Where the statement files of one dialect splice in the (validated) table name, the
@@ -253,4 +253,34 @@ fn token_from(token: i64) -> Result<FencingToken> {
             format!("the lock table holds a negative fencing token ({token})"),
         )
     })
+}
+
+/// Parses the configured URL as a driver's connect options; a malformed URL is invalid
+/// input, shown without its password.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn url_options<O: std::str::FromStr<Err = sqlx::Error>>(
+    config: &SqlConfig,
+    database: &str,
+) -> Result<O> {
+    O::from_str(config.target()).map_err(|err| {
+        Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "invalid {database} URL {}",
+                lock_core::redact_url(config.target())
+            ),
+        )
+        .with_source(err)
+    })
+}
+
+/// A pool of the configured size and connect time-out. No connection is opened yet.
+pub(crate) fn lazy_pool<DB: Database>(
+    config: &SqlConfig,
+    options: <DB::Connection as sqlx::Connection>::Options,
+) -> Pool<DB> {
+    sqlx::pool::PoolOptions::<DB>::new()
+        .max_connections(config.pool_size)
+        .acquire_timeout(config.connect_timeout)
+        .connect_lazy_with(options)
 }

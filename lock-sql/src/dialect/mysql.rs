@@ -1,12 +1,10 @@
 //! MariaDB (10.5 or newer, for `INSERT ... ON DUPLICATE KEY UPDATE ... RETURNING`).
 
-use std::str::FromStr;
-
-use lock_core::{redact_url, Error, ErrorKind, Result};
-use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlQueryResult};
+use lock_core::Result;
+use sqlx::mysql::{MySqlConnectOptions, MySqlQueryResult};
 use sqlx::{MySql, Pool};
 
-use super::{RowsAffected, SqlText};
+use super::{lazy_pool, url_options, RowsAffected, SqlText};
 use crate::config::SqlConfig;
 
 pub(crate) const SQL: SqlText = SqlText {
@@ -30,15 +28,6 @@ impl RowsAffected for MySqlQueryResult {
 
 /// A pool for the URL. No connection is opened yet.
 pub(crate) fn pool(config: &SqlConfig) -> Result<Pool<MySql>> {
-    let options = MySqlConnectOptions::from_str(config.target()).map_err(|err| {
-        Error::new(
-            ErrorKind::InvalidInput,
-            format!("invalid MySQL URL {}", redact_url(config.target())),
-        )
-        .with_source(err)
-    })?;
-    Ok(MySqlPoolOptions::new()
-        .max_connections(config.pool_size)
-        .acquire_timeout(config.connect_timeout)
-        .connect_lazy_with(options))
+    let options: MySqlConnectOptions = url_options(config, "MySQL")?;
+    Ok(lazy_pool(config, options))
 }

@@ -1,15 +1,14 @@
 //! PostgreSQL, with waiters woken by LISTEN/NOTIFY.
 
-use std::str::FromStr;
 use std::time::Duration;
 
-use lock_core::{redact_url, Error, ErrorKind, KeyWatch, ReleaseFeed, Result};
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions, PgQueryResult};
+use lock_core::{KeyWatch, ReleaseFeed, Result};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgQueryResult};
 use sqlx::{Pool, Postgres};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{RowsAffected, SqlText};
+use super::{lazy_pool, url_options, RowsAffected, SqlText};
 use crate::config::SqlConfig;
 
 pub(crate) const SQL: SqlText = SqlText {
@@ -40,17 +39,8 @@ impl RowsAffected for PgQueryResult {
 
 /// A pool for the URL. No connection is opened yet.
 pub(crate) fn pool(config: &SqlConfig) -> Result<Pool<Postgres>> {
-    let options = PgConnectOptions::from_str(config.target()).map_err(|err| {
-        Error::new(
-            ErrorKind::InvalidInput,
-            format!("invalid PostgreSQL URL {}", redact_url(config.target())),
-        )
-        .with_source(err)
-    })?;
-    Ok(PgPoolOptions::new()
-        .max_connections(config.pool_size)
-        .acquire_timeout(config.connect_timeout)
-        .connect_lazy_with(options))
+    let options: PgConnectOptions = url_options(config, "PostgreSQL")?;
+    Ok(lazy_pool(config, options))
 }
 
 /// One LISTEN connection per backend, serving the waiters of every key.

@@ -3,10 +3,7 @@
 use std::str::FromStr;
 
 use lock_core::Result;
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteQueryResult,
-    SqliteSynchronous,
-};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteQueryResult, SqliteSynchronous};
 use sqlx::{Pool, Sqlite};
 
 use super::{RowsAffected, SqlText};
@@ -44,11 +41,8 @@ pub(crate) fn pool(config: &SqlConfig) -> Result<Pool<Sqlite>> {
         .busy_timeout(BUSY_TIMEOUT)
         .journal_mode(SqliteJournalMode::Wal)
         // In WAL mode NORMAL loses no committed transaction on a process crash, only
-        // (possibly) the last ones on power loss; tokens still never go backwards
-        // because a lost grant takes its token with it.
+        // (possibly) the last ones on power loss, grants and their tokens together (see
+        // the caveats in docs.md).
         .synchronous(SqliteSynchronous::Normal);
-    Ok(SqlitePoolOptions::new()
-        .max_connections(config.pool_size)
-        .acquire_timeout(config.connect_timeout)
-        .connect_lazy_with(options))
+    Ok(super::lazy_pool(config, options))
 }
