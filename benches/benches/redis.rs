@@ -208,44 +208,53 @@ async fn wait_for_next_holder(count: &watch::Sender<usize>, mine: usize, deadlin
     let _ = tokio::time::timeout_at(deadline.into(), changes.wait_for(|n| *n > mine)).await;
 }
 
-async fn one_key_library(url: &str) {
+/// Eight tasks contend for one key for `CONTENDED_FOR`, each handing the key over before
+/// it competes again; `task` builds one contender's loop from its index, the shared
+/// statistics and the deadline.
+async fn one_key<F, Fut>(name: &str, task: F)
+where
+    F: Fn(usize, Arc<Mutex<Handovers>>, Arc<watch::Sender<usize>>, Instant) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let stats = Arc::new(Mutex::new(Handovers::default()));
     let count = Arc::new(watch::channel(0usize).0);
     let deadline = Instant::now() + CONTENDED_FOR;
     let started = Instant::now();
     let mut tasks = JoinSet::new();
-    for task in 0..8 {
-        // A client per task, as separate processes would have.
-        let client = library_client(url, Renewal::Auto).await;
-        let stats = stats.clone();
-        let count = count.clone();
-        tasks.spawn(async move {
-            while Instant::now() < deadline {
-                let guard = client.lock("bench/one-key").await.unwrap();
-                let mine = acquired(&stats, &count, task);
-                assert!(guard.release().await.unwrap());
-                wait_for_next_holder(&count, mine, deadline).await;
-            }
-        });
+    for index in 0..8 {
+        tasks.spawn(task(index, stats.clone(), count.clone(), deadline));
     }
     while let Some(done) = tasks.join_next().await {
         done.unwrap();
     }
     let stats = Arc::try_unwrap(stats).ok().unwrap().into_inner().unwrap();
-    stats.print("lock-redis 8 tasks, one key", started.elapsed());
+    stats.print(name, started.elapsed());
+}
+
+async fn one_key_library(url: &str) {
+    one_key(
+        "lock-redis 8 tasks, one key",
+        |task, stats, count, deadline| {
+            let url = url.to_string();
+            async move {
+                // A client per task, as separate processes would have.
+                let client = library_client(&url, Renewal::Auto).await;
+                while Instant::now() < deadline {
+                    let guard = client.lock("bench/one-key").await.unwrap();
+                    let mine = acquired(&stats, &count, task);
+                    assert!(guard.release().await.unwrap());
+                    wait_for_next_holder(&count, mine, deadline).await;
+                }
+            }
+        },
+    )
+    .await;
 }
 
 async fn one_key_rslock(url: &str) {
-    let stats = Arc::new(Mutex::new(Handovers::default()));
-    let count = Arc::new(watch::channel(0usize).0);
-    let deadline = Instant::now() + CONTENDED_FOR;
-    let started = Instant::now();
-    let mut tasks = JoinSet::new();
-    for task in 0..8 {
+    one_key("rslock 8 tasks, one key", |task, stats, count, deadline| {
         let manager = rslock::LockManager::new(vec![url.to_string()]);
-        let stats = stats.clone();
-        let count = count.clone();
-        tasks.spawn(async move {
+        async move {
             while Instant::now() < deadline {
                 let lock = manager
                     .acquire_no_guard(b"rslock:one-key".as_slice(), TTL)
@@ -255,13 +264,9 @@ async fn one_key_rslock(url: &str) {
                 manager.unlock(&lock).await;
                 wait_for_next_holder(&count, mine, deadline).await;
             }
-        });
-    }
-    while let Some(done) = tasks.join_next().await {
-        done.unwrap();
-    }
-    let stats = Arc::try_unwrap(stats).ok().unwrap().into_inner().unwrap();
-    stats.print("rslock 8 tasks, one key", started.elapsed());
+        }
+    })
+    .await;
 }
 
 /// One client holding 1,000 locks renews them all at once.

@@ -44,6 +44,9 @@ pub enum Fault {
     ApplyThenDelayReply(Duration),
     /// For [`Op::Watch`]: the subscription is made but no notification ever arrives.
     DropNotifications,
+    /// For [`Op::Acquire`] (`try_acquire`): the request is slow on the wire and reaches
+    /// the store this much later, whether or not the caller still waits for its reply.
+    LandLate(Duration),
 }
 
 #[derive(Debug)]
@@ -154,7 +157,7 @@ impl FaultyBackend {
         call: impl std::future::Future<Output = Result<T>> + Send,
     ) -> Result<T> {
         match self.fault_for(op) {
-            None | Some(Fault::DropNotifications) => call.await,
+            None | Some(Fault::DropNotifications | Fault::LandLate(_)) => call.await,
             Some(Fault::Delay(delay)) => {
                 tokio::time::sleep(delay).await;
                 call.await
@@ -209,8 +212,32 @@ impl LockBackend for FaultyBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<FencingToken>> {
-        self.faulted(Op::Acquire, self.inner.try_acquire(request))
+        let late = matches!(
+            self.rules().get(&Op::Acquire),
+            Some(Rule {
+                fault: Fault::LandLate(_),
+                ..
+            })
+        );
+        if !late {
+            return self
+                .faulted(Op::Acquire, self.inner.try_acquire(request))
+                .await;
+        }
+        let Some(Fault::LandLate(delay)) = self.fault_for(Op::Acquire) else {
+            return self.inner.try_acquire(request).await;
+        };
+        // In a task of its own: the store applies it even if this caller is gone.
+        let (inner, request) = (self.inner.clone(), request.clone());
+        let landing = tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            inner.try_acquire(&request).await
+        });
+        let result = landing
             .await
+            .map_err(|e| Error::new(ErrorKind::Internal, format!("late request failed: {e}")))?;
+        self.completed[index(Op::Acquire)].fetch_add(1, Ordering::SeqCst);
+        result
     }
 
     async fn acquire(&self, request: &AcquireRequest, wait: &WaitSpec) -> Result<Lease> {

@@ -104,6 +104,7 @@ scenarios! {
     waiting::fifo_order_with_dead_waiter => FairOrdering,
     recovery::reentrancy_accounting => Reentrancy,
     recovery::cancelled_acquire_leaves_nothing_held => Nothing,
+    recovery::late_landing_acquire_is_released => Nothing,
     recovery::ambiguous_acquire_resolves_on_retry => Nothing,
     recovery::ambiguous_release_resolves_on_retry => Nothing,
     recovery::unavailable_store_is_retryable_and_recovers => Nothing,

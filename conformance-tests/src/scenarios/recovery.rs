@@ -126,6 +126,49 @@ pub async fn cancelled_acquire_leaves_nothing_held(ctx: &Ctx) -> Outcome {
     Ok(())
 }
 
+/// An acquisition abandoned before its request reached the store, which then applies it
+/// after the first clean-up release, is released again: the key is free a request timeout
+/// later, long before its TTL.
+pub async fn late_landing_acquire_is_released(ctx: &Ctx) -> Outcome {
+    let key = ctx.key("late-landing");
+    let (client, faulty) = ctx.faulty_client().await?;
+    let observer = ctx.client().await?;
+    let request_timeout = Duration::from_millis(300);
+    let options = AcquireOptions {
+        request_timeout,
+        wait: Wait::No,
+        ..ctx.options()
+    };
+    faulty.inject_times(Op::Acquire, Fault::LandLate(Duration::from_millis(100)), 1);
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(10),
+        client.lock(&key).options(options).into_future(),
+    )
+    .await;
+    if let Ok(finished) = abandoned {
+        let outcome = finished.map(|guard| guard.token());
+        return Err(Failure(format!(
+            "the slow acquisition finished before it was abandoned: {outcome:?}"
+        )));
+    }
+    eventually(SLACK * 2, "the late request lands", || async {
+        Ok(observer.inspect(&key).await?.is_some())
+    })
+    .await?;
+    eventually(
+        request_timeout + SLACK * 2,
+        "the late grant is released",
+        || async { Ok(observer.inspect(&key).await?.is_none()) },
+    )
+    .await?;
+    let residue = ctx.factory().residue(&key).await?;
+    ensure!(
+        residue.is_empty(),
+        "the late grant left state behind: {residue:?}"
+    );
+    Ok(())
+}
+
 /// An acquisition the store applied but whose reply was lost is retried to the same lease
 /// and token, and only one hold exists.
 pub async fn ambiguous_acquire_resolves_on_retry(ctx: &Ctx) -> Outcome {

@@ -32,6 +32,23 @@ pub(crate) struct SqlText {
     pub now_ms: &'static str,
 }
 
+/// The [`SqlText`] of the dialect whose statement files live in `sql/<dir>/`.
+macro_rules! sql_text {
+    ($dir:literal, now_ms: $now:expr) => {
+        $crate::dialect::SqlText {
+            migrate: include_str!(concat!("../../sql/", $dir, "/migrate.sql")),
+            acquire: include_str!(concat!("../../sql/", $dir, "/acquire.sql")),
+            renew: include_str!(concat!("../../sql/", $dir, "/renew.sql")),
+            release: include_str!(concat!("../../sql/", $dir, "/release.sql")),
+            inspect: include_str!(concat!("../../sql/", $dir, "/inspect.sql")),
+            stored_keys: include_str!(concat!("../../sql/", $dir, "/stored_keys.sql")),
+            sweep: include_str!(concat!("../../sql/", $dir, "/sweep.sql")),
+            now_ms: $now,
+        }
+    };
+}
+pub(crate) use sql_text;
+
 /// Splits `migrate.sql` files into statements.
 const STATEMENT_BREAK: &str = "-- statement";
 

@@ -8,21 +8,15 @@ use sqlx::{Pool, Postgres};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{lazy_pool, url_options, RowsAffected, SqlText};
+use super::{lazy_pool, sql_text, url_options, RowsAffected, SqlText};
 use crate::config::SqlConfig;
 
-pub(crate) const SQL: SqlText = SqlText {
-    migrate: include_str!("../../sql/postgres/migrate.sql"),
-    acquire: include_str!("../../sql/postgres/acquire.sql"),
-    renew: include_str!("../../sql/postgres/renew.sql"),
-    release: include_str!("../../sql/postgres/release.sql"),
-    inspect: include_str!("../../sql/postgres/inspect.sql"),
-    stored_keys: include_str!("../../sql/postgres/stored_keys.sql"),
-    sweep: include_str!("../../sql/postgres/sweep.sql"),
+pub(crate) const SQL: SqlText = sql_text!(
+    "postgres",
     // statement_timestamp() is fixed for one statement (now() would be fixed for the
     // whole transaction, the same thing in autocommit).
-    now_ms: "(extract(epoch FROM statement_timestamp()) * 1000)::bigint",
-};
+    now_ms: "(extract(epoch FROM statement_timestamp()) * 1000)::bigint"
+);
 
 /// How long a new subscriber waits for the shared listener's first LISTEN, so that a
 /// release right after the waiter's first attempt is not missed. If it takes longer the

@@ -6,7 +6,7 @@ use lock_core::Result;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteQueryResult, SqliteSynchronous};
 use sqlx::{Pool, Sqlite};
 
-use super::{RowsAffected, SqlText};
+use super::{sql_text, RowsAffected, SqlText};
 use crate::config::{Dialect, SqlConfig};
 use crate::error::map;
 
@@ -14,17 +14,11 @@ use crate::error::map;
 /// "database is locked"; SQLite serialises writers, so this is queueing, not failure.
 const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
-pub(crate) const SQL: SqlText = SqlText {
-    migrate: include_str!("../../sql/sqlite/migrate.sql"),
-    acquire: include_str!("../../sql/sqlite/acquire.sql"),
-    renew: include_str!("../../sql/sqlite/renew.sql"),
-    release: include_str!("../../sql/sqlite/release.sql"),
-    inspect: include_str!("../../sql/sqlite/inspect.sql"),
-    stored_keys: include_str!("../../sql/sqlite/stored_keys.sql"),
-    sweep: include_str!("../../sql/sqlite/sweep.sql"),
+pub(crate) const SQL: SqlText = sql_text!(
+    "sqlite",
     // julianday('now') has millisecond resolution and is fixed for one statement.
-    now_ms: "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
-};
+    now_ms: "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
+);
 
 impl RowsAffected for SqliteQueryResult {
     fn rows(&self) -> u64 {

@@ -39,34 +39,35 @@ impl Database {
     }
 
     pub async fn postgres() -> Result<Self, String> {
-        let server = StoreProcess::start(StoreSpec::postgres())
-            .await
-            .map_err(|e| format!("starting PostgreSQL: {e}"))?;
-        let url = format!(
-            "postgres://postgres:{POSTGRES_PASSWORD}@127.0.0.1:{}/postgres?sslmode=disable",
-            server.port()
-        );
-        Ok(Database {
-            server: Some(server),
-            dir: None,
-            url,
-            name: "postgres",
+        Self::server(StoreSpec::postgres(), "postgres", |port| {
+            format!(
+                "postgres://postgres:{POSTGRES_PASSWORD}@127.0.0.1:{port}/postgres?sslmode=disable"
+            )
         })
+        .await
     }
 
     pub async fn mariadb() -> Result<Self, String> {
-        let server = StoreProcess::start(StoreSpec::mariadb())
+        Self::server(StoreSpec::mariadb(), "mysql", |port| {
+            format!("mysql://{MARIADB_USER}:{MARIADB_PASSWORD}@127.0.0.1:{port}/{MARIADB_DATABASE}")
+        })
+        .await
+    }
+
+    /// A private server started from `spec`, reached through the URL `url` makes of its port.
+    async fn server(
+        spec: StoreSpec,
+        name: &'static str,
+        url: impl Fn(u16) -> String,
+    ) -> Result<Self, String> {
+        let server = StoreProcess::start(spec)
             .await
-            .map_err(|e| format!("starting MariaDB: {e}"))?;
-        let url = format!(
-            "mysql://{MARIADB_USER}:{MARIADB_PASSWORD}@127.0.0.1:{}/{MARIADB_DATABASE}",
-            server.port()
-        );
+            .map_err(|e| format!("starting {name}: {e}"))?;
         Ok(Database {
+            url: url(server.port()),
             server: Some(server),
             dir: None,
-            url,
-            name: "mysql",
+            name,
         })
     }
 
