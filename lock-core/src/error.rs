@@ -23,6 +23,11 @@ pub enum ErrorKind {
     Unavailable,
     /// The store refused the credentials or the operation.
     PermissionDenied,
+    /// The store answers but is set up in a way the backend cannot work with (no such
+    /// database, a lock table of the wrong shape, a Redis database index out of range, an
+    /// eviction policy that can drop locks). Retrying will not help; the message says what
+    /// to change.
+    Misconfigured,
     /// A bug or an unexpected store reply.
     Internal,
 }
@@ -45,6 +50,7 @@ impl ErrorKind {
             ErrorKind::Unsupported => "unsupported",
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::PermissionDenied => "permission denied",
+            ErrorKind::Misconfigured => "misconfigured",
             ErrorKind::Internal => "internal",
         }
     }
@@ -106,6 +112,11 @@ impl Error {
         Error::new(ErrorKind::Lost, message)
     }
 
+    /// An [`ErrorKind::Misconfigured`] error saying what to fix.
+    pub fn misconfigured(message: impl Into<Cow<'static, str>>) -> Self {
+        Error::new(ErrorKind::Misconfigured, message)
+    }
+
     pub(crate) fn unavailable(message: impl Into<Cow<'static, str>>) -> Self {
         Error::new(ErrorKind::Unavailable, message)
     }
@@ -149,6 +160,7 @@ mod tests {
         assert!(ErrorKind::HeldByAnother.is_retryable());
         assert!(!ErrorKind::Lost.is_retryable());
         assert!(!ErrorKind::InvalidInput.is_retryable());
+        assert!(!ErrorKind::Misconfigured.is_retryable());
     }
 
     #[test]

@@ -293,6 +293,7 @@ pub(crate) fn outcome_name<T>(result: &Result<T>) -> &'static str {
             ErrorKind::Unsupported => "unsupported",
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::PermissionDenied => "permission_denied",
+            ErrorKind::Misconfigured => "misconfigured",
             _ => "internal",
         },
     }

@@ -39,7 +39,7 @@ mod memory;
 mod notify;
 mod options;
 mod owner;
-mod redact;
+mod store_url;
 pub mod wait;
 
 pub use backend::{DynBackend, KeyWatch, LockBackend, LockBackendExt, LockInfo, ReleaseOutcome};
@@ -55,7 +55,7 @@ pub use memory::MemoryBackend;
 pub use notify::ReleaseFeed;
 pub use options::{AcquireOptions, Backoff, Renewal, Wait, WaitSpec};
 pub use owner::LockOwner;
-pub use redact::redact_url;
+pub use store_url::{redact_url, StoreHost, StoreUrl};
 
 /// Re-exported so backend crates implement [`LockBackend`] with the same macro version.
 pub use async_trait::async_trait;
