@@ -106,12 +106,23 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
 #[async_trait]
 pub trait LockBackendExt: LockBackend {
     /// One acquisition attempt. A held key is [`ErrorKind::HeldByAnother`].
+    ///
+    /// A grant whose reply arrives after the lease's local deadline is never returned:
+    /// the store may already have given the key to someone else, so it counts as an
+    /// unanswered attempt ([`ErrorKind::Unavailable`]) and a retry with the same lease id
+    /// renews it or finds it gone.
     async fn acquire_once(&self, request: &AcquireRequest, timeout: Duration) -> Result<Lease> {
         self.capabilities().check_ttl(request.ttl())?;
         let sent_at = Instant::now();
-        match with_timeout(timeout, "acquire", self.try_acquire(request)).await? {
-            Some(token) => Ok(request.grant(token, sent_at)),
-            None => Err(held_by_another(request.key())),
+        match with_timeout(timeout, "acquire", self.try_acquire(request)).await {
+            Ok(Some(token)) => request.grant(token, sent_at).checked_on_arrival(request),
+            Ok(None) => Err(held_by_another(request.key())),
+            Err(err) => {
+                if err.kind() == ErrorKind::Unavailable {
+                    request.note_unanswered();
+                }
+                Err(err)
+            }
         }
     }
 

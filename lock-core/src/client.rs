@@ -12,7 +12,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::guard::{outcome_name, spawn_release, HeldLock, LockGuard};
 use crate::key::LockKey;
 use crate::lease::{AcquireRequest, Lease, LeaseId};
-use crate::options::{AcquireOptions, Renewal, Wait, WaitSpec};
+use crate::options::{saturating_add, AcquireOptions, Renewal, Wait, WaitSpec};
 use crate::owner::LockOwner;
 
 /// Locks keys on one backend. Cheap to clone; clones share the backend.
@@ -104,9 +104,9 @@ impl LockClient {
         key: LockKey,
         options: AcquireOptions,
     ) -> Result<LockGuard> {
-        let lease = acquire_lease(&self.backend, key, &options).await?;
+        let (lease, release_again) = acquire_lease(&self.backend, key, &options).await?;
         Ok(LockGuard::new(
-            HeldLock::start(self.backend.clone(), lease, options),
+            HeldLock::start(self.backend.clone(), lease, options, release_again),
             None,
         ))
     }
@@ -198,15 +198,27 @@ fn check_options(backend: &DynBackend, options: &AcquireOptions) -> Result<()> {
     if options.request_timeout.is_zero() {
         return Err(Error::invalid("request timeout is zero"));
     }
+    // A zero pause turns waiting into a tight loop against the store.
+    if options.backoff.initial.is_zero() || options.backoff.max.is_zero() {
+        return Err(Error::invalid(format!(
+            "backoff {:?} has a zero pause; waiting would hammer the store",
+            options.backoff
+        )));
+    }
     Ok(())
 }
 
 /// Acquires per `options`, making sure an abandoned or failed attempt leaves no hold.
+///
+/// With the lease comes how long after it ends to release its id once more: when an
+/// attempt went unanswered it may still land in the store after the lease was released
+/// (a phantom hold of a lease id nobody holds), and a second release a request timeout
+/// later removes it.
 pub(crate) async fn acquire_lease(
     backend: &DynBackend,
     key: LockKey,
     options: &AcquireOptions,
-) -> Result<Lease> {
+) -> Result<(Lease, Option<Duration>)> {
     let span = tracing::info_span!(
         "distlock.acquire",
         backend = backend.name(),
@@ -248,6 +260,9 @@ pub(crate) async fn acquire_lease(
                 span.record("token", lease.token().get());
                 cleanup.request = None;
             }
+            // A grant whose reply was too late (or lost) and was not found again: release
+            // the lease id in case the store has it, and again in case an attempt lands
+            // later still.
             // Nothing was sent, or the only attempt got a definite "held": the store holds
             // nothing of ours. After a wait, an early attempt that timed out may still
             // reach the store late, so a failed wait always cleans up.
@@ -259,7 +274,10 @@ pub(crate) async fn acquire_lease(
             }
             Err(_) => {}
         }
-        result
+        let release_again = request
+            .had_unanswered_attempt()
+            .then_some(options.request_timeout);
+        result.map(|lease| (lease, release_again))
     }
     .instrument(span)
     .await
@@ -280,23 +298,27 @@ async fn wait_bounded(
         let result = match spec.until {
             None => backend.acquire(request, spec).await,
             Some(until) => {
-                let outer = tokio::time::Instant::from_std(until + grace);
+                let outer = tokio::time::Instant::from_std(saturating_add(until, grace));
                 tokio::time::timeout_at(outer, backend.acquire(request, spec))
                     .await
                     .unwrap_or_else(|_| {
+                        request.note_unanswered();
                         Err(Error::unavailable(
                             "the store did not answer before the wait ended",
                         ))
                     })
             }
         };
+        // A backend's own queue may hand back a grant that was over on arrival too.
+        let result = result.and_then(|lease| lease.checked_on_arrival(request));
         match result {
             Err(err) if err.kind() == ErrorKind::Unavailable => {
+                request.note_unanswered();
                 let pause = spec.backoff.pause(attempt);
                 attempt += 1;
                 if spec
                     .until
-                    .is_some_and(|until| Instant::now() + pause >= until)
+                    .is_some_and(|until| saturating_add(Instant::now(), pause) >= until)
                 {
                     return Err(err);
                 }
@@ -325,7 +347,7 @@ impl Drop for AbandonedAttempt {
                 key,
                 lease_id,
                 self.timeout,
-                Some(self.timeout),
+                &[Duration::ZERO, self.timeout],
             );
         }
     }

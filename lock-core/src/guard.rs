@@ -2,7 +2,7 @@
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
@@ -10,6 +10,7 @@ use tokio::time::{sleep_until, Instant as TokioInstant};
 use tracing::Instrument;
 
 use crate::backend::{DynBackend, LockBackendExt, ReleaseOutcome};
+use crate::detach::finish_if_dropped;
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::LockKey;
 use crate::lease::{FencingToken, Lease};
@@ -38,12 +39,20 @@ pub(crate) struct HeldLock {
     options: AcquireOptions,
     state: watch::Sender<LeaseState>,
     keeper: Mutex<Option<AbortHandle>>,
+    /// Release the lease id once more this long after the hold ends: an attempt of the
+    /// acquisition went unanswered and may still land in the store.
+    release_again: Option<Duration>,
 }
 
 impl HeldLock {
     /// Takes over `lease` and starts its watchdog (which also marks a manually renewed
     /// lease lost when its deadline passes).
-    pub(crate) fn start(backend: DynBackend, lease: Lease, options: AcquireOptions) -> Arc<Self> {
+    pub(crate) fn start(
+        backend: DynBackend,
+        lease: Lease,
+        options: AcquireOptions,
+        release_again: Option<Duration>,
+    ) -> Arc<Self> {
         let held = Arc::new(HeldLock {
             backend,
             key: lease.key().clone(),
@@ -54,6 +63,7 @@ impl HeldLock {
                 status: Status::Held,
             }),
             keeper: Mutex::new(None),
+            release_again,
         });
         let task = tokio::spawn(keep_alive(Arc::clone(&held)));
         *lock(&held.keeper) = Some(task.abort_handle());
@@ -98,15 +108,24 @@ impl HeldLock {
         });
         if changed {
             tracing::warn!(backend = self.backend.name(), key = %self.key, token = %self.token, why, "lock lost");
-            let lease = self.lease();
-            spawn_release(
-                self.backend.clone(),
-                lease.key().clone(),
-                lease.id(),
-                self.options.request_timeout,
-                None,
-            );
+            self.spawn_release(Some(Duration::ZERO));
         }
+    }
+
+    /// Releases the lease in the background: at once when `now` is given, then again
+    /// after an unanswered attempt's landing window.
+    fn spawn_release(&self, now: Option<Duration>) {
+        let schedule: Vec<Duration> = now.into_iter().chain(self.release_again).collect();
+        if schedule.is_empty() {
+            return;
+        }
+        spawn_release(
+            self.backend.clone(),
+            self.key.clone(),
+            self.lease().id(),
+            self.options.request_timeout,
+            &schedule,
+        );
     }
 
     async fn renew_now(&self) -> Result<()> {
@@ -161,6 +180,7 @@ impl HeldLock {
             .instrument(span.clone())
             .await;
         span.record("outcome", outcome_name(&result));
+        self.spawn_release(None);
         result
     }
 }
@@ -221,6 +241,17 @@ async fn keep_alive(held: Arc<HeldLock>) {
             }
             () = sleep_until(TokioInstant::from_std(wake.min(deadline))) => {}
         }
+        // A renewal may have landed in the same timer tick as the old deadline: judge by
+        // the lease as it is now, not as it was when the sleep began.
+        {
+            let state = held.state.borrow();
+            if state.status != Status::Held {
+                return;
+            }
+            if state.lease != lease {
+                continue;
+            }
+        }
         if held.options.renewal == Renewal::Manual || Instant::now() >= deadline {
             held.mark_lost("the local deadline passed without a renewal");
             return;
@@ -244,33 +275,35 @@ async fn keep_alive(held: Arc<HeldLock>) {
     }
 }
 
-/// Releases a lease id in the background, for a guard dropped without `release` or an
-/// acquisition abandoned mid-flight. Without a runtime the store's TTL ends the hold.
+/// Releases a lease id in the background, once after each pause of `schedule` (each
+/// measured from the previous release), for a guard dropped without `release`, a lost
+/// lease, or an acquisition abandoned mid-flight. Without a runtime the store's TTL ends
+/// the hold.
 ///
-/// With `again_after`, the release is repeated once that much later: an abandoned request
-/// may still reach the store after the first release (a store applies what was sent even
-/// when nobody waits for the reply), and releasing a lease id nobody else uses is always
-/// harmless.
+/// A later release covers a request that reaches the store after the earlier one (a store
+/// applies what was sent even when nobody waits for the reply); releasing a lease id
+/// nobody else uses is always harmless.
 pub(crate) fn spawn_release(
     backend: DynBackend,
     key: LockKey,
     lease_id: crate::LeaseId,
-    timeout: std::time::Duration,
-    again_after: Option<std::time::Duration>,
+    timeout: Duration,
+    schedule: &[Duration],
 ) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         tracing::debug!(%key, "no runtime to release on; the lease will expire by its TTL");
         return;
     };
+    let schedule = schedule.to_vec();
     runtime.spawn(async move {
-        let release = || crate::backend::with_timeout(timeout, "release", backend.release(&key, lease_id));
-        let mut released = release().await;
-        if let Some(pause) = again_after {
+        for pause in schedule {
             tokio::time::sleep(pause).await;
-            released = release().await;
-        }
-        if let Err(err) = released {
-            tracing::debug!(error = %err, %key, "background release failed; the lease will expire by its TTL");
+            let released =
+                crate::backend::with_timeout(timeout, "release", backend.release(&key, lease_id))
+                    .await;
+            if let Err(err) = released {
+                tracing::debug!(error = %err, %key, "background release failed; the lease will expire by its TTL");
+            }
         }
     });
 }
@@ -377,6 +410,9 @@ impl LockGuard {
     /// Gives the lock back. Returns whether the lease was still held at release time
     /// (`false` if it had been lost). For a re-entered lock, only the outermost release
     /// touches the store; inner ones return whether the lock is still held.
+    ///
+    /// Cancelling the returned future does not cancel the release: it goes on in the
+    /// background, as for a dropped guard.
     pub async fn release(mut self) -> Result<bool> {
         self.done = true;
         if let Some(reentry) = self.reentry.take() {
@@ -384,7 +420,8 @@ impl LockGuard {
                 return Ok(self.held.is_held());
             }
         }
-        self.held.finish().await
+        let held = Arc::clone(&self.held);
+        finish_if_dropped(async move { held.finish().await }).await
     }
 }
 

@@ -2,6 +2,8 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
@@ -163,6 +165,25 @@ impl Lease {
         }
     }
 
+    /// The lease, if its local deadline is still ahead now that the grant has arrived;
+    /// otherwise [`ErrorKind::Unavailable`](crate::ErrorKind), noted on `request` as an
+    /// unanswered attempt. A grant that is over when it arrives must never be handed out:
+    /// the store may already have granted the key to someone else.
+    pub fn checked_on_arrival(self, request: &AcquireRequest) -> Result<Lease> {
+        if self.is_valid() {
+            return Ok(self);
+        }
+        request.note_unanswered();
+        Err(Error::new(
+            crate::ErrorKind::Unavailable,
+            format!(
+                "the grant of {:?} arrived after its local deadline ({:?} after it was sent)",
+                self.key.as_str(),
+                self.sent_at.elapsed()
+            ),
+        ))
+    }
+
     /// What the store's "this lease is not held" means for this lease: before the local
     /// deadline the store cannot have expired it, so an earlier attempt of ours released
     /// it ([`ReleaseOutcome::AlreadyReleased`](crate::ReleaseOutcome)); after the deadline
@@ -187,12 +208,16 @@ fn local_deadline(sent_at: Instant, ttl: Duration, drift: Duration) -> Instant {
 }
 
 /// Everything a backend needs to grant one acquisition.
+///
+/// Clones are the same acquisition: they share the record of whether any attempt went
+/// unanswered.
 #[derive(Clone, Debug)]
 pub struct AcquireRequest {
     key: LockKey,
     lease_id: LeaseId,
     ttl: Duration,
     drift: Duration,
+    unanswered: Arc<AtomicBool>,
 }
 
 impl AcquireRequest {
@@ -203,7 +228,22 @@ impl AcquireRequest {
             lease_id: LeaseId::random(),
             ttl,
             drift,
+            unanswered: Arc::default(),
         }
+    }
+
+    /// Records that an attempt of this acquisition got no usable answer (a time-out, a
+    /// lost connection, a grant that arrived already over), so it may still land in the
+    /// store later. The core then releases the lease id once more a request timeout after
+    /// the lease ends, so such a late landing cannot hold the key for a TTL. A backend that
+    /// waits in its own queue calls it for attempts it retries itself.
+    pub fn note_unanswered(&self) {
+        self.unanswered.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether any attempt of this acquisition went unanswered.
+    pub fn had_unanswered_attempt(&self) -> bool {
+        self.unanswered.load(Ordering::Relaxed)
     }
 
     /// The same request under a chosen lease id (a retry, or a test).

@@ -15,7 +15,7 @@ use crate::guard::lock;
 use crate::key::LockKey;
 use crate::lease::{AcquireRequest, FencingToken, Lease, LeaseId};
 use crate::notify::ReleaseFeed;
-use crate::options::WaitSpec;
+use crate::options::{saturating_add, WaitSpec};
 
 /// Locks kept in this process's memory: every capability, for tests, examples and for
 /// coordinating tasks of one process.
@@ -251,7 +251,8 @@ impl LockBackend for MemoryBackend {
             // Sleep until woken by a release, or until the holder's lease would expire
             // (a crashed holder never releases), or until the wait ends.
             let holder_expiry = lock(&self.store.state).holder_expiry(&key);
-            let mut until = holder_expiry.unwrap_or_else(|| Instant::now() + wait.backoff.max);
+            let mut until =
+                holder_expiry.unwrap_or_else(|| saturating_add(Instant::now(), wait.backoff.max));
             if let Some(bound) = wait.until {
                 until = until.min(bound);
             }

@@ -107,6 +107,16 @@ impl AcquireOptions {
     }
 }
 
+/// `instant + by`, or a far-future instant when that is not representable (a
+/// `Duration::MAX` bound or backoff cap means "no limit", never a panic).
+pub(crate) fn saturating_add(instant: Instant, by: Duration) -> Instant {
+    instant.checked_add(by).unwrap_or_else(|| {
+        // About thirty years: far beyond any wait, and representable on every platform.
+        const FAR: Duration = Duration::from_secs(30 * 365 * 24 * 60 * 60);
+        instant.checked_add(FAR.min(by)).unwrap_or(instant)
+    })
+}
+
 /// A wait as handed to [`LockBackend::acquire`](crate::LockBackend::acquire).
 #[derive(Clone, Copy, Debug)]
 pub struct WaitSpec {

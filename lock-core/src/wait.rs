@@ -4,10 +4,10 @@ use std::time::Instant;
 
 use tokio::time::{sleep_until, Instant as TokioInstant};
 
-use crate::backend::{LockBackend, LockBackendExt};
+use crate::backend::{KeyWatch, LockBackend, LockBackendExt};
 use crate::error::{Error, ErrorKind, Result};
 use crate::lease::{AcquireRequest, Lease};
-use crate::options::WaitSpec;
+use crate::options::{saturating_add, WaitSpec};
 
 /// The default [`LockBackend::acquire`]: attempt, and while the key is held pause with
 /// exponential backoff and full jitter until the wait ends.
@@ -18,22 +18,25 @@ use crate::options::WaitSpec;
 /// notification costs at most one poll interval. An unreachable store is retried within
 /// the wait; if the wait ends while the store is unreachable the error is
 /// [`ErrorKind::Unavailable`], not a time-out, because the key may well be free.
+///
+/// Setting up the subscription is bounded by the wait and the request timeout: a slow
+/// subscription makes the waiter poll, it never uses up the wait before the first attempt.
+/// The first attempt after a notification goes at once (the fast hand-over); if it fails
+/// too, later wake-ups pause with jittered backoff first, so clients woken together by one
+/// release do not retry in lock-step (quorum stores need that to break split votes). The
+/// fallback poll is jittered for the same reason.
 pub async fn acquire_by_polling<B: LockBackend + ?Sized>(
     backend: &B,
     request: &AcquireRequest,
     wait: &WaitSpec,
 ) -> Result<Lease> {
     let mut watch = if backend.capabilities().native_notification {
-        match backend.watch(request.key()).await {
-            Ok(watch) => watch,
-            Err(err) => {
-                tracing::debug!(error = %err, "subscription failed; polling instead");
-                None
-            }
-        }
+        subscribe(backend, request, wait).await
     } else {
         None
     };
+    // Notification wake-ups so far whose attempt still found the key held.
+    let mut woken_in_vain: u32 = 0;
     let mut attempt: u32 = 0;
     let mut store_answered = false;
     loop {
@@ -78,25 +81,55 @@ pub async fn acquire_by_polling<B: LockBackend + ?Sized>(
                 });
             }
         }
-        let mut wake = now + wait.backoff.pause(attempt - 1);
-        if let Some(until) = wait.until {
-            wake = wake.min(until);
-        }
+        let bounded = |instant: Instant| wait.until.map_or(instant, |until| instant.min(until));
+        let wake = bounded(saturating_add(now, wait.backoff.pause(attempt - 1)));
         match watch.as_mut() {
             Some(changes) if failure.kind() == ErrorKind::HeldByAnother => {
-                let fallback = now + wait.backoff.max;
-                let fallback = wait.until.map_or(fallback, |until| fallback.min(until));
+                // Half to all of the cap, so waiters that lost notifications together do
+                // not poll together.
+                let max = wait.backoff.max;
+                let jittered = max / 2 + (max / 2).mul_f64(fastrand::f64());
+                let fallback = bounded(saturating_add(now, jittered));
                 tokio::select! {
                     changed = changes.changed() => {
                         if let Err(err) = changed {
                             tracing::debug!(error = %err, "notification stream ended; polling instead");
                             watch = None;
+                        } else if woken_in_vain > 0 {
+                            let pause = wait.backoff.pause(woken_in_vain - 1);
+                            let resume = bounded(saturating_add(Instant::now(), pause));
+                            sleep_until(TokioInstant::from_std(resume)).await;
                         }
+                        woken_in_vain = woken_in_vain.saturating_add(1);
                     }
                     () = sleep_until(TokioInstant::from_std(fallback)) => {}
                 }
             }
             _ => sleep_until(TokioInstant::from_std(wake)).await,
+        }
+    }
+}
+
+/// The store's notifications for the key, or `None` (poll) when it has none, refuses, or
+/// takes longer than the wait or a request timeout to set them up.
+async fn subscribe<B: LockBackend + ?Sized>(
+    backend: &B,
+    request: &AcquireRequest,
+    wait: &WaitSpec,
+) -> Option<Box<dyn KeyWatch>> {
+    let mut bound = wait.request_timeout;
+    if let Some(until) = wait.until {
+        bound = bound.min(until.saturating_duration_since(Instant::now()));
+    }
+    match tokio::time::timeout(bound, backend.watch(request.key())).await {
+        Ok(Ok(watch)) => watch,
+        Ok(Err(err)) => {
+            tracing::debug!(error = %err, "subscription failed; polling instead");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(?bound, "subscription too slow; polling instead");
+            None
         }
     }
 }
