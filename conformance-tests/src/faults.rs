@@ -141,6 +141,39 @@ impl FaultyBackend {
         Some(fault)
     }
 
+    /// The delay of a [`Fault::LandLate`] in force for the next acquisition, taking it.
+    fn lands_late(&self) -> Option<Duration> {
+        let late = matches!(
+            self.rules().get(&Op::Acquire),
+            Some(Rule {
+                fault: Fault::LandLate(_),
+                ..
+            })
+        );
+        match late.then(|| self.fault_for(Op::Acquire)).flatten() {
+            Some(Fault::LandLate(delay)) => Some(delay),
+            _ => None,
+        }
+    }
+
+    /// Runs `request` `delay` late in a task of its own: the store applies it even if this
+    /// caller is gone.
+    async fn land_late<T: Send + 'static>(
+        &self,
+        delay: Duration,
+        request: impl std::future::Future<Output = Result<T>> + Send + 'static,
+    ) -> Result<T> {
+        let landing = tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            request.await
+        });
+        let result = landing
+            .await
+            .map_err(|e| Error::new(ErrorKind::Internal, format!("late request failed: {e}")))?;
+        self.completed[index(Op::Acquire)].fetch_add(1, Ordering::SeqCst);
+        result
+    }
+
     async fn faulted<T: Send>(
         &self,
         op: Op,
@@ -212,43 +245,30 @@ impl LockBackend for FaultyBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<FencingToken>> {
-        let late = matches!(
-            self.rules().get(&Op::Acquire),
-            Some(Rule {
-                fault: Fault::LandLate(_),
-                ..
-            })
-        );
-        if !late {
+        let Some(delay) = self.lands_late() else {
             return self
                 .faulted(Op::Acquire, self.inner.try_acquire(request))
                 .await;
-        }
-        let Some(Fault::LandLate(delay)) = self.fault_for(Op::Acquire) else {
-            return self.inner.try_acquire(request).await;
         };
-        // In a task of its own: the store applies it even if this caller is gone.
         let (inner, request) = (self.inner.clone(), request.clone());
-        let landing = tokio::spawn(async move {
-            tokio::time::sleep(delay).await;
-            inner.try_acquire(&request).await
-        });
-        let result = landing
+        self.land_late(delay, async move { inner.try_acquire(&request).await })
             .await
-            .map_err(|e| Error::new(ErrorKind::Internal, format!("late request failed: {e}")))?;
-        self.completed[index(Op::Acquire)].fetch_add(1, Ordering::SeqCst);
-        result
     }
 
     async fn acquire(&self, request: &AcquireRequest, wait: &WaitSpec) -> Result<Lease> {
         // A fair queue lives in the store: keep it, faulting the whole wait. Otherwise
         // poll through this wrapper so every attempt and notification can be faulted.
-        if self.inner.capabilities().fair_ordering {
-            self.faulted(Op::Acquire, self.inner.acquire(request, wait))
-                .await
-        } else {
-            lock_core::wait::acquire_by_polling(self, request, wait).await
+        if !self.inner.capabilities().fair_ordering {
+            return lock_core::wait::acquire_by_polling(self, request, wait).await;
         }
+        let Some(delay) = self.lands_late() else {
+            return self
+                .faulted(Op::Acquire, self.inner.acquire(request, wait))
+                .await;
+        };
+        let (inner, request, wait) = (self.inner.clone(), request.clone(), *wait);
+        self.land_late(delay, async move { inner.acquire(&request, &wait).await })
+            .await
     }
 
     async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {

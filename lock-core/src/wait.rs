@@ -1,5 +1,7 @@
 //! Waiting for a held key: polling with backoff, woken early by store notifications.
 
+use std::future::Future;
+use std::pin::{pin, Pin};
 use std::time::Instant;
 
 use tokio::time::{sleep_until, Instant as TokioInstant};
@@ -19,8 +21,10 @@ use crate::options::{saturating_add, WaitSpec};
 /// the wait; if the wait ends while the store is unreachable the error is
 /// [`ErrorKind::Unavailable`], not a time-out, because the key may well be free.
 ///
-/// Setting up the subscription is bounded by the wait and the request timeout: a slow
-/// subscription makes the waiter poll, it never uses up the wait before the first attempt.
+/// The subscription is set up alongside the attempts, never before them: a slow one makes
+/// the waiter poll meanwhile, so it cannot use up a bounded wait. A release between the
+/// first attempt and a subscription that completed during it is covered by the fallback
+/// poll.
 /// The first attempt after a notification goes at once (the fast hand-over); if it fails
 /// too, later wake-ups pause with jittered backoff first, so clients woken together by one
 /// release do not retry in lock-step (quorum stores need that to break split votes). The
@@ -30,11 +34,11 @@ pub async fn acquire_by_polling<B: LockBackend + ?Sized>(
     request: &AcquireRequest,
     wait: &WaitSpec,
 ) -> Result<Lease> {
-    let mut watch = if backend.capabilities().native_notification {
-        subscribe(backend, request, wait).await
-    } else {
-        None
-    };
+    let mut subscribing = backend
+        .capabilities()
+        .native_notification
+        .then(|| backend.watch(request.key()));
+    let mut watch = None;
     // Notification wake-ups so far whose attempt still found the key held.
     let mut woken_in_vain: u32 = 0;
     let mut attempt: u32 = 0;
@@ -47,7 +51,8 @@ pub async fn acquire_by_polling<B: LockBackend + ?Sized>(
             Some(until) if until > now && until - now < wait.request_timeout => (until - now, true),
             _ => (wait.request_timeout, false),
         };
-        let failure = match backend.acquire_once(request, timeout).await {
+        let once = backend.acquire_once(request, timeout);
+        let failure = match alongside(once, &mut subscribing, &mut watch).await {
             Ok(lease) => {
                 tracing::Span::current().record("attempts", attempt + 1);
                 return Ok(lease);
@@ -105,31 +110,40 @@ pub async fn acquire_by_polling<B: LockBackend + ?Sized>(
                     () = sleep_until(TokioInstant::from_std(fallback)) => {}
                 }
             }
-            _ => sleep_until(TokioInstant::from_std(wake)).await,
+            _ => {
+                let pause = sleep_until(TokioInstant::from_std(wake));
+                alongside(pause, &mut subscribing, &mut watch).await;
+            }
         }
     }
 }
 
-/// The store's notifications for the key, or `None` (poll) when it has none, refuses, or
-/// takes longer than the wait or a request timeout to set them up.
-async fn subscribe<B: LockBackend + ?Sized>(
-    backend: &B,
-    request: &AcquireRequest,
-    wait: &WaitSpec,
-) -> Option<Box<dyn KeyWatch>> {
-    let mut bound = wait.request_timeout;
-    if let Some(until) = wait.until {
-        bound = bound.min(until.saturating_duration_since(Instant::now()));
-    }
-    match tokio::time::timeout(bound, backend.watch(request.key())).await {
-        Ok(Ok(watch)) => watch,
-        Ok(Err(err)) => {
-            tracing::debug!(error = %err, "subscription failed; polling instead");
-            None
-        }
-        Err(_) => {
-            tracing::debug!(?bound, "subscription too slow; polling instead");
-            None
+/// A subscription being set up.
+type Subscribing<'a> = Pin<Box<dyn Future<Output = Result<Option<Box<dyn KeyWatch>>>> + Send + 'a>>;
+
+/// Runs `work` while driving a pending subscription, keeping the watch once it is made.
+async fn alongside<T>(
+    work: impl Future<Output = T>,
+    subscribing: &mut Option<Subscribing<'_>>,
+    watch: &mut Option<Box<dyn KeyWatch>>,
+) -> T {
+    let mut work = pin!(work);
+    loop {
+        let Some(pending) = subscribing.as_mut() else {
+            return work.await;
+        };
+        tokio::select! {
+            // The subscription first: when it is ready at once it is in place before the
+            // attempt, and no release can slip between them.
+            biased;
+            subscribed = pending => {
+                *subscribing = None;
+                *watch = subscribed.unwrap_or_else(|err| {
+                    tracing::debug!(error = %err, "subscription failed; polling instead");
+                    None
+                });
+            }
+            output = &mut work => return output,
         }
     }
 }

@@ -4,13 +4,13 @@
 use std::time::Duration;
 
 use lock_core::{
-    default_drift_allowance, AcquireOptions, AcquireRequest, ErrorKind, LockBackendExt, LockKey,
-    ReleaseOutcome,
+    default_drift_allowance, AcquireOptions, AcquireRequest, Backoff, ErrorKind, LockBackendExt,
+    LockKey, ReleaseOutcome,
 };
 use tokio::task::JoinSet;
 
 use crate::ensure;
-use crate::harness::{expect_kind, Ctx, Failure, Outcome};
+use crate::harness::{expect_kind, within, Ctx, Failure, Outcome, SLACK};
 
 /// Empty, over-long and control-character keys are invalid input, and no call reaches the
 /// store.
@@ -90,6 +90,74 @@ pub async fn invalid_ttls_are_refused(ctx: &Ctx) -> Outcome {
         "invalid TTLs reached the store ({} calls)",
         faulty.total_calls()
     );
+    Ok(())
+}
+
+/// Options that would make waiting a tight loop (a zero backoff) are invalid input;
+/// options that mean "no limit" (`Duration::MAX` as a backoff cap or a wait bound) work
+/// and never panic.
+pub async fn extreme_options_are_refused_or_work(ctx: &Ctx) -> Outcome {
+    let key = ctx.key("extreme-options");
+    let (client, faulty) = ctx.faulty_client().await?;
+    let rival = ctx.client().await?;
+    for backoff in [
+        Backoff {
+            initial: Duration::ZERO,
+            max: Duration::from_millis(10),
+        },
+        Backoff {
+            initial: Duration::from_millis(1),
+            max: Duration::ZERO,
+        },
+    ] {
+        let options = AcquireOptions {
+            backoff,
+            ..ctx.options()
+        };
+        expect_kind(
+            client.lock(&key).options(options).await,
+            ErrorKind::InvalidInput,
+            &format!("backoff {backoff:?}"),
+        )?;
+    }
+    ensure!(
+        faulty.total_calls() == 0,
+        "refused options reached the store ({} calls)",
+        faulty.total_calls()
+    );
+    let unlimited = AcquireOptions {
+        backoff: Backoff {
+            initial: Duration::from_millis(5),
+            max: Duration::MAX,
+        },
+        ..ctx.options()
+    };
+    let held = rival.lock(&key).await?;
+    let bound = Duration::from_millis(300);
+    expect_kind(
+        within(
+            bound + SLACK,
+            "a bounded wait with an unlimited backoff cap",
+            client
+                .lock(&key)
+                .options(unlimited.clone())
+                .wait_up_to(bound),
+        )
+        .await?,
+        ErrorKind::TimedOut,
+        "a bounded wait with an unlimited backoff cap",
+    )?;
+    ensure!(held.release().await?, "rival lost its lease");
+    let guard = within(
+        SLACK * 3,
+        "an unbounded wait on a free key",
+        client
+            .lock(&key)
+            .options(unlimited)
+            .wait_up_to(Duration::MAX),
+    )
+    .await??;
+    ensure!(guard.release().await?, "lease gone at release");
     Ok(())
 }
 

@@ -24,6 +24,9 @@ pub enum Needs {
     /// [`Capabilities::native_notification`] used by the core's waiting loop (a fair
     /// backend's own queue wakes its waiters without it).
     NotifiedPolling,
+    /// The core's own polling loop, which retries an unanswered attempt with the same
+    /// lease id (a fair backend waits in its own queue instead).
+    CorePolling,
     /// [`Capabilities::reentrancy`].
     Reentrancy,
     /// A factory that can build a client of an unreachable store.
@@ -47,6 +50,9 @@ impl Needs {
             }
             Needs::NotifiedPolling if caps.fair_ordering => {
                 Err("its fair queue wakes waiters, not notifications")
+            }
+            Needs::CorePolling if caps.fair_ordering => {
+                Err("its fair queue waits in the store: the core does not retry its attempts")
             }
             Needs::Reentrancy if !caps.reentrancy => Err("reentrant owners are unsupported"),
             Needs::UnreachableClient if !has_unreachable_client => {
@@ -102,7 +108,12 @@ scenarios! {
     waiting::waiters_take_turns_promptly => Nothing,
     waiting::waiter_wakes_despite_dropped_notification => NotifiedPolling,
     waiting::fifo_order_with_dead_waiter => FairOrdering,
+    waiting::subscription_setup_is_bounded_by_the_wait => NotifiedPolling,
     recovery::reentrancy_accounting => Reentrancy,
+    recovery::owner_tasks_keep_their_own_bounds => Reentrancy,
+    recovery::stillborn_grant_is_never_handed_out => Nothing,
+    recovery::phantom_hold_of_a_retried_acquire_is_released => CorePolling,
+    recovery::cancelled_release_still_releases => Nothing,
     recovery::cancelled_acquire_leaves_nothing_held => Nothing,
     recovery::late_landing_acquire_is_released => Nothing,
     recovery::ambiguous_acquire_resolves_on_retry => Nothing,
@@ -111,6 +122,7 @@ scenarios! {
     recovery::unreachable_store_reports_unavailable => UnreachableClient,
     input::invalid_keys_are_refused => Nothing,
     input::invalid_ttls_are_refused => Nothing,
+    input::extreme_options_are_refused_or_work => Nothing,
     input::hostile_keys_stay_in_their_namespace => Nothing,
     input::ten_thousand_keys_held_at_once => Nothing,
     input::resource_hygiene => Nothing,

@@ -290,3 +290,162 @@ pub async fn unreachable_store_reports_unavailable(ctx: &Ctx) -> Outcome {
     .await?;
     Ok(())
 }
+
+/// A grant whose reply arrives after the lease's local deadline is never handed out: the
+/// store may already have given the key to someone else. Waiting, the core retries with
+/// the same lease id and hands out a live lease; not waiting, it reports "unavailable".
+pub async fn stillborn_grant_is_never_handed_out(ctx: &Ctx) -> Outcome {
+    let key = ctx.key("stillborn");
+    let (client, faulty) = ctx.faulty_client().await?;
+    let rival = ctx.client().await?;
+    let ttl = ctx.short_ttl();
+    faulty.inject_times(Op::Acquire, Fault::ApplyThenDelayReply(ttl), 1);
+    let guard = client
+        .lock(&key)
+        .ttl(ttl)
+        .wait_up_to(Duration::from_secs(10))
+        .await?;
+    ensure!(
+        guard.is_held() && guard.lease().is_valid(),
+        "a grant that arrived after its deadline was handed out: {:?}",
+        guard.lease()
+    );
+    ensure!(
+        faulty.calls(Op::Acquire) >= 2,
+        "the late grant was not retried"
+    );
+    expect_kind(
+        rival.try_lock(&key).await,
+        ErrorKind::HeldByAnother,
+        "rival after the retried grant",
+    )?;
+    ensure!(
+        guard.release().await?,
+        "the retried lease was gone at release"
+    );
+
+    faulty.inject_times(Op::Acquire, Fault::ApplyThenDelayReply(ttl), 1);
+    let not_waiting = client.lock(&key).ttl(ttl).no_wait().await;
+    if let Ok(guard) = &not_waiting {
+        return Err(Failure(format!(
+            "a grant that arrived after its deadline was handed out without waiting: held {}",
+            guard.is_held()
+        )));
+    }
+    expect_kind(not_waiting, ErrorKind::Unavailable, "late grant, no wait")?;
+    Ok(())
+}
+
+/// An attempt that went unanswered and lands after its retry succeeded and the lease was
+/// released (a phantom hold of a lease id nobody holds) is released a request timeout
+/// later, long before its TTL.
+pub async fn phantom_hold_of_a_retried_acquire_is_released(ctx: &Ctx) -> Outcome {
+    let key = ctx.key("phantom");
+    let (client, faulty) = ctx.faulty_client().await?;
+    let observer = ctx.client().await?;
+    let request_timeout = Duration::from_millis(600);
+    let landing = request_timeout + Duration::from_millis(100);
+    let options = AcquireOptions {
+        request_timeout,
+        ..ctx.options()
+    };
+    faulty.inject_times(Op::Acquire, Fault::LandLate(landing), 1);
+    let guard = client
+        .lock(&key)
+        .options(options)
+        .wait_up_to(Duration::from_secs(10))
+        .await?;
+    let lease_id = guard.lease().id();
+    ensure!(guard.release().await?, "lease gone at release");
+    eventually(landing + SLACK, "the unanswered attempt lands", || async {
+        Ok(observer
+            .inspect(&key)
+            .await?
+            .is_some_and(|info| info.lease_id == lease_id))
+    })
+    .await?;
+    eventually(
+        request_timeout + SLACK * 2,
+        "the phantom hold is released",
+        || async { Ok(observer.inspect(&key).await?.is_none()) },
+    )
+    .await?;
+    Ok(())
+}
+
+/// A release whose caller stops waiting for it still happens: the key is free long
+/// before its TTL.
+pub async fn cancelled_release_still_releases(ctx: &Ctx) -> Outcome {
+    let key = ctx.key("cancelled-release");
+    let (client, faulty) = ctx.faulty_client().await?;
+    let observer = ctx.client().await?;
+    let guard = client.lock(&key).await?;
+    faulty.inject_times(Op::Release, Fault::Delay(Duration::from_millis(100)), 1);
+    let cancelled = tokio::time::timeout(Duration::from_millis(10), guard.release()).await;
+    ensure!(
+        cancelled.is_err(),
+        "the delayed release finished before it was cancelled"
+    );
+    eventually(SLACK * 2, "the cancelled release happens", || async {
+        Ok(observer.inspect(&key).await?.is_none())
+    })
+    .await
+}
+
+/// While one task of a reentrant owner waits for a key held elsewhere, the owner's other
+/// tasks are not held up: `try_lock` fails at once and a bounded wait keeps its bound.
+/// When the waiter gets the key, the others re-enter it.
+pub async fn owner_tasks_keep_their_own_bounds(ctx: &Ctx) -> Outcome {
+    let key = ctx.key("owner-waits");
+    let (client, faulty) = ctx.faulty_client().await?;
+    let rival = ctx.client().await?;
+    let owner = client.owner();
+    let held = rival.lock(&key).await?;
+    let waiting = tokio::spawn({
+        let (owner, key) = (owner.clone(), key.clone());
+        async move { owner.lock(&key).await }
+    });
+    eventually(
+        SLACK,
+        "the owner's waiting task reaches the store",
+        || async { Ok(faulty.calls(Op::Acquire) >= 1) },
+    )
+    .await?;
+    let started = std::time::Instant::now();
+    expect_kind(
+        within(
+            SLACK,
+            "owner try_lock beside a waiting task",
+            owner.try_lock(&key),
+        )
+        .await?,
+        ErrorKind::HeldByAnother,
+        "owner try_lock beside a waiting task",
+    )?;
+    let bound = Duration::from_millis(200);
+    expect_kind(
+        within(
+            bound + SLACK,
+            "owner bounded wait beside a waiting task",
+            owner.lock(&key).wait_up_to(bound),
+        )
+        .await?,
+        ErrorKind::TimedOut,
+        "owner bounded wait beside a waiting task",
+    )?;
+    ensure!(
+        started.elapsed() <= bound + SLACK * 2,
+        "the owner's other tasks waited {:?}",
+        started.elapsed()
+    );
+    ensure!(held.release().await?, "rival lost its lease");
+    let guard = within(SLACK * 10, "the owner's waiting task", waiting)
+        .await?
+        .map_err(|e| Failure(format!("waiting task failed: {e}")))??;
+    let again = within(SLACK, "re-entry", owner.try_lock(&key)).await??;
+    ensure!(again.token() == guard.token(), "re-entry changed the token");
+    again.release().await?;
+    ensure!(guard.release().await?, "outermost release failed");
+    ensure!(owner.holds(&key) == 0, "owner still counts entries");
+    Ok(())
+}

@@ -285,3 +285,39 @@ pub async fn fifo_order_with_dead_waiter(ctx: &Ctx) -> Outcome {
     );
     Ok(())
 }
+
+/// Setting up the store's notifications is bounded by the wait: a subscription that never
+/// completes makes the waiter poll, and a bounded wait for a free key still gets it.
+pub async fn subscription_setup_is_bounded_by_the_wait(ctx: &Ctx) -> Outcome {
+    let key = ctx.key("slow-subscription");
+    let (client, faulty) = ctx.faulty_client().await?;
+    faulty.inject(Op::Watch, Fault::BlackHole);
+    let bound = Duration::from_millis(500);
+    let guard = within(
+        bound + SLACK,
+        "a bounded wait whose subscription hangs",
+        client.lock(&key).wait_up_to(bound),
+    )
+    .await??;
+    ensure!(guard.release().await?, "lease gone at release");
+    let holder = ctx.client().await?;
+    let held = holder.lock(&key).await?;
+    let waiter = spawn_lock(
+        client.clone(),
+        &key,
+        AcquireOptions {
+            wait: lock_core::Wait::UpTo(Duration::from_secs(10)),
+            ..ctx.options()
+        },
+    );
+    ensure!(held.release().await?, "holder lost its lease");
+    // No notification can come: the fallback poll (at most the backoff cap) finds it.
+    let (guard, _) = granted_within(
+        ctx.options().backoff.max + SLACK * 2,
+        "a polling waiter after release",
+        waiter,
+    )
+    .await?;
+    ensure!(guard.release().await?, "lease gone at release");
+    Ok(())
+}
