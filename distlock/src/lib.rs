@@ -149,6 +149,25 @@ mod tests {
             connect("nonsense").await.unwrap_err().kind(),
             ErrorKind::InvalidInput
         );
+        // Unencoded reserved characters in a password: refused, never echoed.
+        for url in [
+            "nosuch://u:Zq7x/yz@h",
+            "nosuch://u:Zq7x?yz@h",
+            "nosuch://u:Zq7x#yz@h",
+            "nosuch://u:Zq7x@yz@h",
+            "u:Zq7x/yz@h",
+        ] {
+            let err = connect(url).await.unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidInput, "{url}");
+            let shown = format!("{err} {err:?}");
+            assert!(!shown.contains("Zq7x") && !shown.contains("yz"), "{url}: {shown}");
+        }
+    }
+
+    #[tokio::test]
+    async fn schemes_are_case_insensitive() {
+        let client = connect("MEMORY://case-test").await.unwrap();
+        client.try_lock("k").await.unwrap().release().await.unwrap();
     }
 
     #[cfg(feature = "sqlite")]
