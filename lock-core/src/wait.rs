@@ -1,7 +1,8 @@
 //! Waiting for a held key: polling with backoff, woken early by store notifications.
 
-use std::future::Future;
+use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
+use std::task::Poll;
 use std::time::Instant;
 
 use tokio::time::{sleep_until, Instant as TokioInstant};
@@ -21,10 +22,10 @@ use crate::options::{saturating_add, WaitSpec};
 /// the wait; if the wait ends while the store is unreachable the error is
 /// [`ErrorKind::Unavailable`], not a time-out, because the key may well be free.
 ///
-/// The subscription is set up alongside the attempts, never before them: a slow one makes
-/// the waiter poll meanwhile, so it cannot use up a bounded wait. A release between the
-/// first attempt and a subscription that completed during it is covered by the fallback
-/// poll.
+/// The subscription is set up alongside the attempts: a slow one makes the waiter poll
+/// meanwhile, so it cannot use up a bounded wait. When it completes after an attempt
+/// began, the waiter attempts again at once, so a release between that attempt and the
+/// subscription is not missed.
 /// The first attempt after a notification goes at once (the fast hand-over); if it fails
 /// too, later wake-ups pause with jittered backoff first, so clients woken together by one
 /// release do not retry in lock-step (quorum stores need that to break split votes). The
@@ -52,7 +53,8 @@ pub async fn acquire_by_polling<B: LockBackend + ?Sized>(
             _ => (wait.request_timeout, false),
         };
         let once = backend.acquire_once(request, timeout);
-        let failure = match alongside(once, &mut subscribing, &mut watch).await {
+        let (outcome, subscribed_meanwhile) = alongside(once, &mut subscribing, &mut watch).await;
+        let failure = match outcome {
             Ok(lease) => {
                 tracing::Span::current().record("attempts", attempt + 1);
                 return Ok(lease);
@@ -86,6 +88,9 @@ pub async fn acquire_by_polling<B: LockBackend + ?Sized>(
                 });
             }
         }
+        if subscribed_meanwhile && failure.kind() == ErrorKind::HeldByAnother {
+            continue;
+        }
         let bounded = |instant: Instant| wait.until.map_or(instant, |until| instant.min(until));
         let wake = bounded(saturating_add(now, wait.backoff.pause(attempt - 1)));
         match watch.as_mut() {
@@ -110,10 +115,18 @@ pub async fn acquire_by_polling<B: LockBackend + ?Sized>(
                     () = sleep_until(TokioInstant::from_std(fallback)) => {}
                 }
             }
-            _ => {
-                let pause = sleep_until(TokioInstant::from_std(wake));
-                alongside(pause, &mut subscribing, &mut watch).await;
-            }
+            // Polling; a subscription completing meanwhile ends the pause, and the attempt
+            // that follows at once covers a release before it.
+            _ => match subscribing.as_mut() {
+                Some(pending) => tokio::select! {
+                    subscribed = pending => {
+                        subscribing = None;
+                        watch = subscription_made(subscribed);
+                    }
+                    () = sleep_until(TokioInstant::from_std(wake)) => {}
+                },
+                None => sleep_until(TokioInstant::from_std(wake)).await,
+            },
         }
     }
 }
@@ -122,28 +135,40 @@ pub async fn acquire_by_polling<B: LockBackend + ?Sized>(
 type Subscribing<'a> = Pin<Box<dyn Future<Output = Result<Option<Box<dyn KeyWatch>>>> + Send + 'a>>;
 
 /// Runs `work` while driving a pending subscription, keeping the watch once it is made.
+/// Also says whether the subscription completed only after `work` had begun.
 async fn alongside<T>(
     work: impl Future<Output = T>,
     subscribing: &mut Option<Subscribing<'_>>,
     watch: &mut Option<Box<dyn KeyWatch>>,
-) -> T {
-    let mut work = pin!(work);
-    loop {
-        let Some(pending) = subscribing.as_mut() else {
-            return work.await;
-        };
-        tokio::select! {
-            // The subscription first: when it is ready at once it is in place before the
-            // attempt, and no release can slip between them.
-            biased;
-            subscribed = pending => {
-                *subscribing = None;
-                *watch = subscribed.unwrap_or_else(|err| {
-                    tracing::debug!(error = %err, "subscription failed; polling instead");
-                    None
-                });
-            }
-            output = &mut work => return output,
+) -> (T, bool) {
+    // A subscription ready at once (an in-process store) is in place before the attempt.
+    if let Some(pending) = subscribing.as_mut() {
+        if let Poll::Ready(subscribed) = poll_fn(|cx| Poll::Ready(pending.as_mut().poll(cx))).await
+        {
+            *subscribing = None;
+            *watch = subscription_made(subscribed);
         }
     }
+    let mut work = pin!(work);
+    let mut subscribed_meanwhile = false;
+    loop {
+        let Some(pending) = subscribing.as_mut() else {
+            return (work.await, subscribed_meanwhile);
+        };
+        tokio::select! {
+            subscribed = pending => {
+                *subscribing = None;
+                *watch = subscription_made(subscribed);
+                subscribed_meanwhile = true;
+            }
+            output = &mut work => return (output, subscribed_meanwhile),
+        }
+    }
+}
+
+fn subscription_made(subscribed: Result<Option<Box<dyn KeyWatch>>>) -> Option<Box<dyn KeyWatch>> {
+    subscribed.unwrap_or_else(|err| {
+        tracing::debug!(error = %err, "subscription failed; polling instead");
+        None
+    })
 }
