@@ -22,6 +22,7 @@
 pub mod faults;
 pub mod harness;
 mod memory;
+pub mod network;
 pub mod proxy;
 mod runner;
 pub mod scenarios;
