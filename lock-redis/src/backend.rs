@@ -13,15 +13,16 @@ use crate::batch::RenewBatcher;
 use crate::config::RedisConfig;
 use crate::error::unexpected_reply;
 use crate::keys::Layout;
-use crate::node::{Node, ACQUIRE, INSPECT, RELEASE};
+use crate::node::{Node, NodeOptions, ACQUIRE, INSPECT, RELEASE};
 use crate::notify::Notifier;
 
 /// What both Redis backends promise: notification by pub/sub, millisecond TTLs on the
-/// server's clock, fencing counters as durable as the operator says the server is.
-pub(crate) fn capabilities(durable: bool) -> Capabilities {
+/// server's clock, fencing counters as durable as the operator says the server is (and
+/// never durable on a server allowed to evict them).
+pub(crate) fn capabilities(config: &RedisConfig) -> Capabilities {
     Capabilities {
         native_notification: true,
-        durable_fencing: durable,
+        durable_fencing: config.durable && !config.allow_eviction,
         fair_ordering: false,
         reentrancy: true,
         min_ttl: Duration::from_millis(10),
@@ -31,12 +32,22 @@ pub(crate) fn capabilities(durable: bool) -> Capabilities {
     }
 }
 
+/// How every node of `config` connects.
+pub(crate) fn node_options(config: &RedisConfig) -> NodeOptions {
+    NodeOptions {
+        connect_timeout: config.connect_timeout,
+        response_timeout: config.response_timeout,
+        allow_eviction: config.allow_eviction,
+    }
+}
+
 /// A TTL as the whole milliseconds the scripts pass to `PX`/`PEXPIRE`, rounded up.
 pub(crate) fn ttl_millis(capabilities: &Capabilities, ttl: Duration) -> u64 {
     u64::try_from(capabilities.store_ttl(ttl).as_millis()).unwrap_or(u64::MAX)
 }
 
-/// A lock entry as the scripts store it: `<lease id>:<token>:<nonce>`.
+/// A lock entry as the scripts store it: `<lease id>:<token>:<stamp>` (the stamp is 0 on a
+/// single node, and the acquisition attempt under Redlock).
 pub(crate) struct Entry {
     pub(crate) lease_id: LeaseId,
     pub(crate) token: u64,
@@ -66,7 +77,8 @@ pub(crate) fn parse_inspect(reply: (String, i64)) -> Option<Option<(Entry, Durat
     )))
 }
 
-/// Locks on one Redis server (or a Redis Cluster slot owner reached directly).
+/// Locks on one standalone Redis server (not a Redis Cluster: the batched renewal touches
+/// keys of many hash slots at once, which a Cluster node refuses).
 ///
 /// Acquire, renew, release and inspect are each one Lua script run by hash, so every
 /// decision is atomic on the server and judged by the server's clock. Cloning is cheap and
@@ -91,25 +103,34 @@ impl RedisBackend {
     /// [`ErrorKind::InvalidInput`]; use [`RedlockBackend`](crate::RedlockBackend)).
     ///
     /// The connection is made at once, so a wrong address or password fails here, as
-    /// [`ErrorKind::Unavailable`] or [`ErrorKind::PermissionDenied`].
+    /// [`ErrorKind::Unavailable`] or [`ErrorKind::PermissionDenied`]; a server that may
+    /// evict keys, or a database index it does not have, as [`ErrorKind::Misconfigured`].
     pub async fn connect(config: &RedisConfig) -> Result<Self> {
         config.validate()?;
-        let [url] = config.node_urls() else {
+        let targets = config.node_targets()?;
+        let Ok([target]) = <[_; 1]>::try_from(targets) else {
             return Err(Error::new(
                 ErrorKind::InvalidInput,
                 "RedisBackend takes exactly one node; use RedlockBackend for several",
             ));
         };
-        let node = Node::new(url, config.connect_timeout, config.response_timeout)?;
-        node.connection().await?;
-        let subscriber = match &config.subscriber_url {
-            Some(url) => Node::new(url, config.connect_timeout, config.response_timeout)?
-                .client()
-                .clone(),
+        let options = node_options(config);
+        let node = Node::new(target, options)?;
+        let subscriber = match config.subscriber_target()? {
+            Some(target) => Node::new(target, options)?.client().clone(),
             None => node.client().clone(),
         };
         let layout = Layout::new(&config.key_prefix);
-        let notifier = Notifier::new(vec![subscriber], layout.channel(), config.connect_timeout);
+        // One server publishes each release once: every message is news.
+        let notifier = Notifier::start(
+            vec![subscriber],
+            layout.channel(),
+            config.connect_timeout,
+            1,
+            Duration::ZERO,
+        );
+        let (connected, ()) = tokio::join!(node.connection(), notifier.settled());
+        connected?;
         Ok(RedisBackend {
             inner: Arc::new(Inner {
                 node: Arc::new(node),
@@ -117,7 +138,7 @@ impl RedisBackend {
                 response_timeout: config.response_timeout,
                 layout,
                 notifier,
-                capabilities: capabilities(config.durable),
+                capabilities: capabilities(config),
             }),
         })
     }
@@ -219,8 +240,6 @@ impl LockBackend for RedisBackend {
 
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {
         let inner = &self.inner;
-        Ok(Some(
-            inner.notifier.watch(inner.layout.lock_key(key)).await?,
-        ))
+        Ok(Some(inner.notifier.watch(inner.layout.lock_key(key))))
     }
 }

@@ -13,31 +13,85 @@ pub(crate) fn breaks_connection(err: &RedisError) -> bool {
         || err.is_unrecoverable_error()
 }
 
-/// `err`, raised while doing `what` against `node` (a redacted address), as a distlock error.
+/// `err`, raised while doing `what` against `node` (an address without credentials), as a
+/// distlock error; configuration mistakes say what to change.
 pub(crate) fn from_redis(err: RedisError, what: &str, node: &str) -> Error {
-    let kind = classify(&err);
-    Error::new(kind, format!("redis {node}: {what} failed")).with_source(err)
+    let (kind, hint) = classify(&err);
+    let message = match hint {
+        Some(hint) => format!("redis {node}: {what} failed: {hint}"),
+        None => format!("redis {node}: {what} failed"),
+    };
+    Error::new(kind, message).with_source(err)
 }
 
-fn classify(err: &RedisError) -> ErrorKind {
-    if matches!(err.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM")) {
-        return ErrorKind::PermissionDenied;
+fn classify(err: &RedisError) -> (ErrorKind, Option<&'static str>) {
+    match err.code() {
+        Some("NOAUTH" | "WRONGPASS" | "NOPERM") => return (ErrorKind::PermissionDenied, None),
+        // A node that is loading, running a long script, out of memory (keys still expire),
+        // short of replicas, failing over, or demoted to a replica may serve again soon.
+        Some(
+            "BUSY" | "LOADING" | "OOM" | "NOREPLICAS" | "MASTERDOWN" | "READONLY" | "TRYAGAIN"
+            | "CLUSTERDOWN",
+        ) => return (ErrorKind::Unavailable, None),
+        Some("MOVED" | "ASK" | "CROSSSLOT") => {
+            return (
+                ErrorKind::Misconfigured,
+                Some(
+                    "the server is a Redis Cluster node, which is not supported: use standalone \
+                     servers (one, or several under redis+redlock://)",
+                ),
+            )
+        }
+        _ => {}
+    }
+    if err
+        .detail()
+        .is_some_and(|d| d.contains("DB index is out of range"))
+    {
+        return (
+            ErrorKind::Misconfigured,
+            Some("the database index in the URL is beyond the server's `databases` setting"),
+        );
     }
     match err.kind() {
         redis::ErrorKind::AuthenticationFailed
-        | redis::ErrorKind::Server(ServerErrorKind::NoPerm) => ErrorKind::PermissionDenied,
-        redis::ErrorKind::InvalidClientConfig => ErrorKind::InvalidInput,
-        // A node that is loading, failing over, or demoted to a replica may serve again soon.
-        redis::ErrorKind::Server(
-            ServerErrorKind::BusyLoading
-            | ServerErrorKind::TryAgain
-            | ServerErrorKind::ClusterDown
-            | ServerErrorKind::MasterDown
-            | ServerErrorKind::ReadOnly,
-        ) => ErrorKind::Unavailable,
-        _ if breaks_connection(err) => ErrorKind::Unavailable,
-        _ => ErrorKind::Internal,
+        | redis::ErrorKind::Server(ServerErrorKind::NoPerm) => (ErrorKind::PermissionDenied, None),
+        redis::ErrorKind::InvalidClientConfig => (ErrorKind::InvalidInput, None),
+        _ if breaks_connection(err) => (ErrorKind::Unavailable, None),
+        // The TLS library's own failures (an I/O failure mid-handshake is an I/O error):
+        // an untrusted or mismatched certificate does not fix itself by retrying.
+        redis::ErrorKind::Client if is_tls_error(err) => (
+            ErrorKind::Misconfigured,
+            Some("the TLS handshake was refused (check the server certificate and TLS settings)"),
+        ),
+        _ => (ErrorKind::Internal, None),
     }
+}
+
+/// Whether `err` is the TLS library refusing the handshake, not an I/O failure during it.
+#[cfg(feature = "tls")]
+fn is_tls_error(err: &RedisError) -> bool {
+    use std::error::Error as StdError;
+    // The `redis` crate keeps the TLS error behind an `Arc<dyn Error>`.
+    let Some(tls) = std::error::Error::source(err)
+        .and_then(|s| s.downcast_ref::<std::sync::Arc<dyn StdError + Send + Sync>>())
+        .filter(|inner| inner.is::<native_tls::Error>())
+    else {
+        return false;
+    };
+    let mut source = tls.source();
+    while let Some(inner) = source {
+        if inner.is::<std::io::Error>() {
+            return false;
+        }
+        source = inner.source();
+    }
+    true
+}
+
+#[cfg(not(feature = "tls"))]
+fn is_tls_error(_: &RedisError) -> bool {
+    false
 }
 
 /// A reply that does not have the shape a script returns.
@@ -57,5 +111,37 @@ mod tests {
         let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
         let err = from_redis(RedisError::from(io), "connect", "redis://h:1");
         assert_eq!(err.kind(), ErrorKind::Unavailable);
+    }
+
+    #[test]
+    fn server_states_map_to_what_retrying_can_fix() {
+        for (code, kind) in [
+            ("BUSY", ErrorKind::Unavailable),
+            ("LOADING", ErrorKind::Unavailable),
+            ("OOM", ErrorKind::Unavailable),
+            ("NOREPLICAS", ErrorKind::Unavailable),
+            ("MASTERDOWN", ErrorKind::Unavailable),
+            ("READONLY", ErrorKind::Unavailable),
+            ("TRYAGAIN", ErrorKind::Unavailable),
+            ("CLUSTERDOWN", ErrorKind::Unavailable),
+            ("MOVED", ErrorKind::Misconfigured),
+            ("ASK", ErrorKind::Misconfigured),
+            ("CROSSSLOT", ErrorKind::Misconfigured),
+            ("NOPERM", ErrorKind::PermissionDenied),
+            ("WRONGPASS", ErrorKind::PermissionDenied),
+            ("ERR", ErrorKind::Internal),
+        ] {
+            let err = redis::make_extension_error(code.into(), Some("something happened".into()));
+            assert_eq!(
+                from_redis(err, "acquire", "redis://h:1/0").kind(),
+                kind,
+                "{code}"
+            );
+        }
+        let err =
+            redis::make_extension_error("ERR".into(), Some("DB index is out of range".into()));
+        let err = from_redis(err, "connect", "redis://h:1/99");
+        assert_eq!(err.kind(), ErrorKind::Misconfigured);
+        assert!(err.message().contains("databases"), "{err}");
     }
 }

@@ -1,13 +1,15 @@
-//! One Redis server: a lazily (re)connected multiplexed connection and the lock scripts.
+//! One Redis server: a multiplexed connection (re)made in the background, and the lock
+//! scripts.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{LazyLock, Mutex};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::time::Duration;
 
-use lock_core::{redact_url, Error, ErrorKind, Result};
+use lock_core::{Error, ErrorKind, Result};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, FromRedisValue, Script, ScriptInvocation};
+use tokio::sync::watch;
 
+use crate::config::NodeTarget;
 use crate::error::{breaks_connection, from_redis};
 
 pub(crate) static ACQUIRE: LazyLock<Script> =
@@ -22,6 +24,17 @@ pub(crate) static RESERVE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/reserve.lua")));
 pub(crate) static CONFIRM: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/confirm.lua")));
+pub(crate) static DISCARD: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/discard.lua")));
+
+/// How a node connects, shared by every node of a backend.
+#[derive(Clone, Copy)]
+pub(crate) struct NodeOptions {
+    pub(crate) connect_timeout: Duration,
+    pub(crate) response_timeout: Duration,
+    /// Whether a server that may evict keys is accepted (see [`check_eviction`]).
+    pub(crate) allow_eviction: bool,
+}
 
 /// A connection to one server, replaced whenever it may have lost track of its replies.
 ///
@@ -29,44 +42,54 @@ pub(crate) static CONFIRM: LazyLock<Script> =
 /// out or was abandoned (its future dropped) may never be answered, for instance behind a
 /// partition that swallowed it, and then every later reply would be paired with the wrong
 /// request; so such a connection is dropped and the next request connects afresh.
+///
+/// Connecting runs in a task of its own, bounded only by the connect time-out: a caller
+/// with a shorter bound (a Redlock node time-out) gives up waiting, but the connection is
+/// still made and kept for the next request. Otherwise a node whose connect-and-setup takes
+/// longer than that bound (a WAN, TLS) could never reconnect once its connection dropped.
 pub(crate) struct Node {
     client: redis::Client,
     shown: String,
-    config: AsyncConnectionConfig,
-    connect_timeout: Duration,
-    current: Mutex<Option<(u64, MultiplexedConnection)>>,
-    connecting: tokio::sync::Mutex<()>,
-    generations: AtomicU64,
+    options: NodeOptions,
+    state: Arc<Mutex<State>>,
+}
+
+#[derive(Default)]
+struct State {
+    connection: Link,
+    /// Numbers connections, so a request discards only the one it used.
+    generations: u64,
+}
+
+type Connected = (u64, MultiplexedConnection);
+type Outcome = Option<Result<Connected>>;
+
+#[derive(Default)]
+enum Link {
+    #[default]
+    Down,
+    /// A connect task runs; it publishes its outcome here.
+    Connecting(watch::Receiver<Outcome>),
+    Up(Connected),
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Node {
-    pub(crate) fn new(
-        url: &str,
-        connect_timeout: Duration,
-        response_timeout: Duration,
-    ) -> Result<Self> {
-        let shown = redact_url(url);
-        let client = redis::Client::open(url).map_err(|e| {
-            Error::new(
-                ErrorKind::InvalidInput,
-                format!("{shown}: not a valid Redis URL"),
-            )
-            .with_source(e)
-        })?;
+    pub(crate) fn new(target: NodeTarget, options: NodeOptions) -> Result<Self> {
+        let NodeTarget { shown, info } = target;
+        let client = redis::Client::open(info).map_err(|e| from_redis(e, "configure", &shown))?;
         Ok(Node {
             client,
             shown,
-            config: AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(connect_timeout))
-                .set_response_timeout(Some(response_timeout)),
-            connect_timeout,
-            current: Mutex::new(None),
-            connecting: tokio::sync::Mutex::new(()),
-            generations: AtomicU64::new(0),
+            options,
+            state: Arc::default(),
         })
     }
 
-    /// The node's address with any password hidden.
+    /// The node's address (it never carries credentials).
     pub(crate) fn shown(&self) -> &str {
         &self.shown
     }
@@ -75,48 +98,55 @@ impl Node {
         &self.client
     }
 
-    fn cached(&self) -> Option<(u64, MultiplexedConnection)> {
-        self.current
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    /// The current connection, connecting first if there is none.
-    pub(crate) async fn connection(&self) -> Result<(u64, MultiplexedConnection)> {
-        if let Some(current) = self.cached() {
-            return Ok(current);
-        }
-        let _one_at_a_time = self.connecting.lock().await;
-        if let Some(current) = self.cached() {
-            return Ok(current);
-        }
-        let connect = self
-            .client
-            .get_multiplexed_async_connection_with_config(&self.config);
-        let connection = match tokio::time::timeout(self.connect_timeout, connect).await {
-            Ok(Ok(connection)) => connection,
-            Ok(Err(err)) => return Err(from_redis(err, "connect", &self.shown)),
-            Err(_) => {
-                return Err(Error::new(
-                    ErrorKind::Unavailable,
-                    format!(
-                        "redis {}: no connection within {:?}",
-                        self.shown, self.connect_timeout
-                    ),
-                ))
+    /// The current connection, waiting for one to be made if there is none.
+    pub(crate) async fn connection(&self) -> Result<Connected> {
+        // A connect that was already under way may have been started into a partition
+        // that has healed since; when it fails, this caller tries once on its own.
+        let mut retried = false;
+        loop {
+            let (mut outcome, joined) = {
+                let mut state = lock(&self.state);
+                match &state.connection {
+                    Link::Up(connected) => return Ok(connected.clone()),
+                    // A task that died without an outcome (its runtime shut down) is replaced.
+                    Link::Connecting(outcome) if outcome.has_changed().is_ok() => {
+                        (outcome.clone(), true)
+                    }
+                    _ => {
+                        let (publish, outcome) = watch::channel(None);
+                        state.connection = Link::Connecting(outcome.clone());
+                        tokio::spawn(connect(
+                            self.client.clone(),
+                            self.shown.clone(),
+                            self.options,
+                            Arc::clone(&self.state),
+                            publish,
+                        ));
+                        (outcome, false)
+                    }
+                }
+            };
+            let result = match outcome.wait_for(Option::is_some).await {
+                Ok(done) => done.clone(),
+                Err(_) => None,
+            };
+            match result {
+                Some(Err(_)) if joined && !retried => retried = true,
+                Some(result) => return result,
+                None => {
+                    return Err(Error::new(
+                        ErrorKind::Unavailable,
+                        format!("redis {}: connecting was interrupted", self.shown),
+                    ))
+                }
             }
-        };
-        let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
-        *self.current.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some((generation, connection.clone()));
-        Ok((generation, connection))
+        }
     }
 
     fn discard(&self, generation: u64) {
-        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        if current.as_ref().is_some_and(|(g, _)| *g == generation) {
-            *current = None;
+        let mut state = lock(&self.state);
+        if matches!(&state.connection, Link::Up((g, _)) if *g == generation) {
+            state.connection = Link::Down;
         }
     }
 
@@ -166,6 +196,100 @@ impl Node {
             }
             cursor = next;
         }
+    }
+}
+
+/// Connects and checks the server, bounded by the connect time-out, then installs the
+/// connection (or clears the way for the next attempt) and tells whoever waits.
+async fn connect(
+    client: redis::Client,
+    shown: String,
+    options: NodeOptions,
+    state: Arc<Mutex<State>>,
+    publish: watch::Sender<Outcome>,
+) {
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(options.connect_timeout))
+        .set_response_timeout(Some(options.response_timeout));
+    let attempt = async {
+        let mut connection = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(|err| from_redis(err, "connect", &shown))?;
+        check_eviction(&mut connection, &shown, options.allow_eviction).await?;
+        Ok(connection)
+    };
+    let result = match tokio::time::timeout(options.connect_timeout, attempt).await {
+        Ok(result) => result,
+        Err(_) => Err(Error::new(
+            ErrorKind::Unavailable,
+            format!(
+                "redis {shown}: no connection within {:?}",
+                options.connect_timeout
+            ),
+        )),
+    };
+    let outcome = {
+        let mut state = lock(&state);
+        match result {
+            Ok(connection) => {
+                state.generations += 1;
+                let connected = (state.generations, connection);
+                state.connection = Link::Up(connected.clone());
+                Ok(connected)
+            }
+            Err(err) => {
+                state.connection = Link::Down;
+                Err(err)
+            }
+        }
+    };
+    publish.send_replace(Some(outcome));
+}
+
+/// Refuses a server that may evict keys, unless the operator accepted that: under a
+/// `volatile-*` policy Redis evicts lock entries (they have a TTL), so a live lock vanishes
+/// and a rival acquires it; under `allkeys-*` it also evicts fencing counters, so tokens
+/// start again from 1. A server that does not let us read the policy (`CONFIG` renamed or
+/// denied by an ACL) is assumed to be `noeviction`, with a warning, as documented.
+async fn check_eviction(
+    connection: &mut MultiplexedConnection,
+    shown: &str,
+    allow_eviction: bool,
+) -> Result<()> {
+    let reply: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory-policy")
+        .query_async(connection)
+        .await;
+    let policy = match reply {
+        Ok(pair) => pair.into_iter().nth(1),
+        Err(err) if breaks_connection(&err) => return Err(from_redis(err, "connect", shown)),
+        Err(err) => {
+            tracing::warn!(
+                node = shown,
+                error = %err,
+                "cannot read maxmemory-policy; assuming noeviction (locks and fencing counters \
+                 are lost if the server evicts keys)"
+            );
+            return Ok(());
+        }
+    };
+    match policy.as_deref() {
+        None | Some("noeviction") => Ok(()),
+        Some(policy) if allow_eviction => {
+            tracing::warn!(
+                node = shown,
+                policy,
+                "the server may evict keys; locks can vanish and fencing tokens can repeat"
+            );
+            Ok(())
+        }
+        Some(policy) => Err(Error::misconfigured(format!(
+            "redis {shown}: maxmemory-policy is {policy}, so the server may evict live locks \
+             or fencing counters; set it to noeviction (or accept the risk with \
+             allow_eviction=true)"
+        ))),
     }
 }
 

@@ -1,9 +1,10 @@
 //! Redlock: a lock held on a majority of independent Redis nodes, with a fencing token
 //! that grows across quorum acquisitions whose majorities differ.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,12 +14,12 @@ use lock_core::{
     LockBackend, LockInfo, LockKey, Result,
 };
 
-use crate::backend::{capabilities, parse_inspect, ttl_millis};
+use crate::backend::{capabilities, node_options, parse_inspect, ttl_millis};
 use crate::batch::RenewBatcher;
 use crate::config::RedisConfig;
 use crate::error::unexpected_reply;
 use crate::keys::Layout;
-use crate::node::{Node, CONFIRM, INSPECT, RELEASE, RESERVE};
+use crate::node::{Node, CONFIRM, DISCARD, INSPECT, RELEASE, RESERVE};
 use crate::notify::Notifier;
 
 /// Locks held on a majority of N independent Redis nodes (the Redlock algorithm), with a
@@ -50,7 +51,23 @@ struct Reserved {
     node: usize,
     status: i64,
     token: u64,
-    nonce: String,
+}
+
+/// Stamps of acquisition attempts, growing across every attempt this process makes: a
+/// lease's attempts are made one after another by one client, so a later attempt always
+/// carries a larger stamp (see reserve.lua and discard.lua for what that protects).
+static ATTEMPTS: AtomicU64 = AtomicU64::new(0);
+
+/// Pauses between tries of a clean-up on a node that did not answer.
+const CLEAN_UP_FIRST_PAUSE: Duration = Duration::from_millis(50);
+const CLEAN_UP_MAX_PAUSE: Duration = Duration::from_secs(1);
+
+fn majority(nodes: usize) -> usize {
+    nodes / 2 + 1
+}
+
+fn next_stamp() -> u64 {
+    ATTEMPTS.fetch_add(1, Ordering::Relaxed) + 1
 }
 
 /// Round-1 statuses (see reserve.lua).
@@ -65,17 +82,24 @@ impl RedlockBackend {
     /// connected lazily when they come back.
     pub async fn connect(config: &RedisConfig) -> Result<Self> {
         config.validate()?;
+        let options = node_options(config);
         let nodes = config
-            .node_urls()
-            .iter()
-            .map(|url| {
-                Node::new(url, config.connect_timeout, config.response_timeout).map(Arc::new)
-            })
+            .node_targets()?
+            .into_iter()
+            .map(|target| Node::new(target, options).map(Arc::new))
             .collect::<Result<Vec<Arc<Node>>>>()?;
         let renewals = nodes.iter().map(|_| Arc::default()).collect();
         let layout = Layout::new(&config.key_prefix);
         let clients = nodes.iter().map(|n| n.client().clone()).collect();
-        let notifier = Notifier::new(clients, layout.channel(), config.connect_timeout);
+        // Every node that held the lease publishes its release, within about a reply time
+        // of each other.
+        let notifier = Notifier::start(
+            clients,
+            layout.channel(),
+            config.connect_timeout,
+            majority(config.node_count()),
+            config.response_timeout,
+        );
         let backend = RedlockBackend {
             inner: Arc::new(Inner {
                 nodes,
@@ -83,18 +107,28 @@ impl RedlockBackend {
                 layout,
                 notifier,
                 node_timeout: config.node_timeout,
-                capabilities: capabilities(config.durable),
+                capabilities: capabilities(config),
             }),
         };
-        let connected = join_all(
-            backend
-                .inner
-                .nodes
-                .iter()
-                .map(|node| async move { node.connection().await.map(|_| ()) }),
-        )
-        .await;
+        let (connected, ()) = tokio::join!(
+            join_all(
+                backend
+                    .inner
+                    .nodes
+                    .iter()
+                    .map(|node| async move { node.connection().await.map(|_| ()) }),
+            ),
+            backend.inner.notifier.settled(),
+        );
         let failures: Vec<Error> = connected.into_iter().filter_map(|r| r.err()).collect();
+        // A node set up wrongly is refused even when a majority works without it: it
+        // would silently weaken every lock.
+        if let Some(misconfigured) = failures
+            .iter()
+            .find(|e| e.kind() == ErrorKind::Misconfigured)
+        {
+            return Err(misconfigured.clone());
+        }
         if backend.inner.nodes.len() - failures.len() < backend.quorum() {
             if let Some(first) = failures.into_iter().next() {
                 return Err(first);
@@ -105,7 +139,7 @@ impl RedlockBackend {
 
     /// How many nodes make a majority.
     pub fn quorum(&self) -> usize {
-        self.inner.nodes.len() / 2 + 1
+        majority(self.inner.nodes.len())
     }
 
     /// Keys starting with `key_prefix` that have a lock entry on any node (fencing
@@ -147,9 +181,41 @@ impl RedlockBackend {
         .await
     }
 
-    /// Removes `lease_id` from every node, best effort, after a failed acquisition.
-    async fn abandon(&self, key: &LockKey, lease_id: LeaseId) {
-        let _ = self.release_everywhere(key, lease_id).await;
+    /// Removes what the failed attempt `stamp` of `lease_id` took, from every node.
+    ///
+    /// The clean-up runs in a task of its own and retries a node that does not answer
+    /// until the entry would have expired anyway (`ttl`), so neither a caller that stops
+    /// waiting (after the node time-out, or by dropping the attempt) nor a brief partition
+    /// leaves pending entries on a minority for a whole TTL. It may therefore land after a
+    /// later attempt of the same lease has succeeded, which is why it is scoped to this
+    /// attempt (discard.lua), and it tells no waiter: nothing was ever held.
+    async fn abandon(&self, key: &LockKey, lease_id: LeaseId, stamp: u64, ttl: Duration) {
+        let inner = Arc::clone(&self.inner);
+        let (lock_key, lease) = (inner.layout.lock_key(key), lease_id.to_string());
+        let until = Instant::now() + ttl;
+        let clean_up = tokio::spawn(async move {
+            join_all(inner.nodes.iter().map(|node| {
+                let (lock_key, lease) = (&lock_key, &lease);
+                async move {
+                    let mut pause = CLEAN_UP_FIRST_PAUSE;
+                    loop {
+                        let mut discard = DISCARD.prepare_invoke();
+                        discard.key(lock_key).arg(lease).arg(stamp);
+                        match node.invoke::<i64>(&discard, "clean up").await {
+                            Err(err) if err.is_retryable() && Instant::now() + pause < until => {
+                                tokio::time::sleep(pause).await;
+                                pause = (pause * 2).min(CLEAN_UP_MAX_PAUSE);
+                            }
+                            _ => return,
+                        }
+                    }
+                }
+            }))
+            .await;
+        });
+        // Usually done well within the node time-out; a rival that looks next then finds
+        // the nodes free.
+        let _ = tokio::time::timeout(self.inner.node_timeout, clean_up).await;
     }
 
     async fn release_everywhere(&self, key: &LockKey, lease_id: LeaseId) -> Vec<Result<i64>> {
@@ -211,15 +277,13 @@ impl LockBackend for RedlockBackend {
         );
         let lease = request.lease_id().to_string();
         let ttl = ttl_millis(&inner.capabilities, request.ttl());
-        // Identifies entries this attempt creates, so a late round 2 of an abandoned
-        // attempt cannot stamp its token on an entry a later attempt created.
-        let nonce = format!("{:x}", LeaseId::random().as_u128() as u64);
+        let stamp = next_stamp();
 
         // Round 1: take the key (token pending) on every node that has it free, and read
         // every node's counter.
         let replies = self
             .on_all(|_, node| {
-                let (lock_key, fence_key, lease, nonce) = (&lock_key, &fence_key, &lease, &nonce);
+                let (lock_key, fence_key, lease) = (&lock_key, &fence_key, &lease);
                 async move {
                     node.invoke::<(i64, u64, u64, String)>(
                         RESERVE
@@ -227,7 +291,7 @@ impl LockBackend for RedlockBackend {
                             .key(fence_key)
                             .arg(lease)
                             .arg(ttl)
-                            .arg(nonce),
+                            .arg(stamp),
                         "reserve",
                     )
                     .await
@@ -243,13 +307,12 @@ impl LockBackend for RedlockBackend {
                     held += 1;
                     counter_max = counter_max.max(counter);
                 }
-                Ok((status, token, counter, nonce)) => {
+                Ok((status, token, counter, _)) => {
                     counter_max = counter_max.max(counter);
                     granted.push(Reserved {
                         node,
                         status,
                         token,
-                        nonce,
                     });
                 }
                 Err(err) => errors.push(err),
@@ -257,7 +320,8 @@ impl LockBackend for RedlockBackend {
         }
         if granted.len() < self.quorum() {
             if !granted.is_empty() {
-                self.abandon(request.key(), request.lease_id()).await;
+                self.abandon(request.key(), request.lease_id(), stamp, request.ttl())
+                    .await;
             }
             if granted.len() + held >= self.quorum() {
                 return Ok(None);
@@ -280,21 +344,21 @@ impl LockBackend for RedlockBackend {
         };
 
         // Round 2: record the token in each entry and raise each counter to it.
-        let by_node: HashMap<usize, &Reserved> = granted.iter().map(|r| (r.node, r)).collect();
+        let reserved: HashSet<usize> = granted.iter().map(|r| r.node).collect();
         let confirmed = self
             .on_all(|index, node| {
-                let reserved = by_node.get(&index).copied();
+                let reserved = reserved.contains(&index);
                 let (lock_key, fence_key, lease) = (&lock_key, &fence_key, &lease);
                 async move {
-                    let Some(reserved) = reserved else {
+                    if !reserved {
                         return Ok(0);
-                    };
+                    }
                     node.invoke::<i64>(
                         CONFIRM
                             .key(lock_key)
                             .key(fence_key)
                             .arg(lease)
-                            .arg(&reserved.nonce)
+                            .arg(stamp)
                             .arg(token),
                         "confirm",
                     )
@@ -310,7 +374,8 @@ impl LockBackend for RedlockBackend {
         if confirmations >= self.quorum() && still_valid {
             return Ok(Some(FencingToken::new(token)));
         }
-        self.abandon(request.key(), request.lease_id()).await;
+        self.abandon(request.key(), request.lease_id(), stamp, request.ttl())
+            .await;
         let why = if still_valid {
             format!(
                 "acquire: the token was recorded on only {confirmations} of {} Redis nodes",
@@ -427,8 +492,6 @@ impl LockBackend for RedlockBackend {
 
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {
         let inner = &self.inner;
-        Ok(Some(
-            inner.notifier.watch(inner.layout.lock_key(key)).await?,
-        ))
+        Ok(Some(inner.notifier.watch(inner.layout.lock_key(key))))
     }
 }

@@ -1,20 +1,21 @@
 -- Redlock round 2 on one node: record the chosen token in the entry taken in round 1 and
 -- raise the node's counter to it, so any later majority sees it.
 -- KEYS[1] lock key, KEYS[2] fencing counter
--- ARGV[1] lease id, ARGV[2] nonce of the entry seen in round 1, ARGV[3] token
--- Returns 1 when recorded, 0 when that entry is gone (expired, released or replaced).
+-- ARGV[1] lease id, ARGV[2] the attempt's stamp (as round 1 wrote it), ARGV[3] token
+-- Returns 1 when recorded, 0 when that entry is gone (expired, released, replaced, or
+-- claimed by a later attempt of the lease).
 local held = redis.call('GET', KEYS[1])
 if not held then
   return 0
 end
-local lease, token, nonce = string.match(held, '^(%x+):(%d+):(%w+)$')
-if lease ~= ARGV[1] or nonce ~= ARGV[2] then
+local lease, token, stamp = string.match(held, '^(%x+):(%d+):(%w+)$')
+if lease ~= ARGV[1] or stamp ~= ARGV[2] then
   return 0
 end
 -- Tokens in an entry and in the counter only ever grow, whatever order rounds arrive in.
 local chosen = math.max(tonumber(token), tonumber(ARGV[3]))
 local text = string.format('%.0f', chosen)
-redis.call('SET', KEYS[1], lease .. ':' .. text .. ':' .. nonce, 'KEEPTTL')
+redis.call('SET', KEYS[1], lease .. ':' .. text .. ':' .. stamp, 'KEEPTTL')
 local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
 if counter < chosen then
   redis.call('SET', KEYS[2], text)
