@@ -495,3 +495,84 @@ impl LockBackend for RedlockBackend {
         Ok(Some(inner.notifier.watch(inner.layout.lock_key(key))))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use conformance_tests::store_process::{StoreProcess, StoreSpec};
+    use lock_core::default_drift_allowance;
+
+    use super::*;
+
+    /// Sets (or with `None` deletes) `key` on the server at `addr`, behind the backend's back.
+    async fn set(addr: std::net::SocketAddr, key: &str, value: Option<&str>) {
+        let mut raw = redis::Client::open(format!("redis://{addr}/0"))
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let cmd = match value {
+            Some(value) => redis::cmd("SET")
+                .arg(key)
+                .arg(value)
+                .arg("PX")
+                .arg(30_000)
+                .clone(),
+            None => redis::cmd("DEL").arg(key).clone(),
+        };
+        let _: redis::Value = cmd.query_async(&mut raw).await.unwrap();
+    }
+
+    /// S2: an attempt of lease L fails and its clean-up is held up on the way; the next
+    /// attempt of L succeeds on exactly a majority (A, B, C); then the first attempt's
+    /// clean-up lands. It must not remove the successful attempt's entries, or a rival
+    /// would form a majority (A, B, D or E) while L's holder believes it holds the key.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_late_clean_up_of_an_earlier_attempt_spares_the_later_grant() {
+        let mut servers = Vec::new();
+        for _ in 0..5 {
+            servers.push(StoreProcess::start(StoreSpec::redis()).await.unwrap());
+        }
+        let hosts: Vec<String> = servers.iter().map(|s| s.addr().to_string()).collect();
+        let config = RedisConfig::from_url(&format!(
+            "redis+redlock://{}/0?key_prefix=late-clean-up:",
+            hosts.join(",")
+        ))
+        .unwrap();
+        let holder = RedlockBackend::connect(&config).await.unwrap();
+        let rival = RedlockBackend::connect(&config).await.unwrap();
+        let key = LockKey::new(format!("k{:08x}", fastrand::u32(..))).unwrap();
+        let ttl = Duration::from_secs(30);
+        let request = AcquireRequest::new(key.clone(), ttl, default_drift_allowance(ttl));
+        let lock_key = holder.inner.layout.lock_key(&key);
+
+        // The earlier attempt: it failed, and its clean-up is still on its way.
+        let earlier = next_stamp();
+        // Someone else holds D and E while the next attempt runs, so it wins A, B, C only.
+        let foreign = format!("{}:7:1", "f".repeat(32));
+        for server in &servers[3..] {
+            set(server.addr(), &lock_key, Some(&foreign)).await;
+        }
+        assert!(holder.try_acquire(&request).await.unwrap().is_some());
+        for server in &servers[3..] {
+            set(server.addr(), &lock_key, None).await;
+        }
+
+        holder.abandon(&key, request.lease_id(), earlier, ttl).await;
+
+        let challenger = AcquireRequest::new(key.clone(), ttl, default_drift_allowance(ttl));
+        assert_eq!(
+            rival.try_acquire(&challenger).await.unwrap(),
+            None,
+            "a rival formed a majority while the lease was held"
+        );
+        let held = holder
+            .inspect(&key)
+            .await
+            .unwrap()
+            .expect("the lock is gone");
+        assert_eq!(held.lease_id, request.lease_id());
+        assert!(holder.release(&key, request.lease_id()).await.unwrap());
+    }
+}

@@ -70,6 +70,42 @@ pub fn redlock_url(addrs: &[SocketAddr], options: &str) -> String {
     format!("redis+redlock://{}/0?{options}", hosts.join(","))
 }
 
+/// A plain connection to a server, for setting it up and looking at it behind the
+/// backend's back.
+pub async fn raw(addr: SocketAddr) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(format!("redis://{addr}/0"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+/// Runs `CONFIG SET name value` on the server at `addr`.
+pub async fn config_set(addr: SocketAddr, name: &str, value: &str) {
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg(name)
+        .arg(value)
+        .query_async(&mut raw(addr).await)
+        .await
+        .unwrap();
+}
+
+/// The Redis key of the lock on `key` under `prefix` (the layout documented in docs.md).
+pub fn lock_key(prefix: &str, key: &str) -> String {
+    let hex: String = key.bytes().map(|b| format!("{b:02x}")).collect();
+    format!("{prefix}{{{hex}}}")
+}
+
+/// The lock entry stored under `redis_key` on the server at `addr`, if any.
+pub async fn entry(addr: SocketAddr, redis_key: &str) -> Option<String> {
+    redis::cmd("GET")
+        .arg(redis_key)
+        .query_async(&mut raw(addr).await)
+        .await
+        .unwrap()
+}
+
 /// A loopback address nothing listens on.
 pub fn closed_addr() -> SocketAddr {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
