@@ -18,7 +18,7 @@ use crate::dialect::mysql;
 use crate::dialect::postgres;
 #[cfg(feature = "sqlite")]
 use crate::dialect::sqlite;
-use crate::dialect::{Ops, Statements};
+use crate::dialect::Ops;
 
 /// After this many releases through one backend, expired rows of crashed holders that
 /// nobody took over are deleted (one extra statement per this many releases).
@@ -36,12 +36,17 @@ struct Inner {
     capabilities: Capabilities,
     releases: AtomicU64,
     /// Acquire statements still running, by lease id: a release of that lease waits for
-    /// its acquire to finish, so an acquisition cancelled mid-statement (whose statement
-    /// the server may still apply) cannot be overtaken by the core's clean-up release.
-    in_flight: std::sync::Mutex<HashMap<LeaseId, Arc<tokio::sync::Mutex<()>>>>,
+    /// every one of them to finish, so an acquisition cancelled mid-statement (whose
+    /// statement the server may still apply) cannot be overtaken by the core's clean-up
+    /// release, and neither can an earlier, unanswered attempt of a lease whose retry
+    /// succeeded.
+    in_flight: std::sync::Mutex<HashMap<LeaseId, Vec<Gate>>>,
     #[cfg(feature = "postgres")]
-    notifier: std::sync::OnceLock<postgres::Notifier>,
+    listener: Option<postgres::Listener>,
 }
+
+/// Held by a running acquire statement; locking it waits for the statement's end.
+type Gate = Arc<tokio::sync::Mutex<()>>;
 
 enum Store {
     #[cfg(feature = "sqlite")]
@@ -72,8 +77,7 @@ impl SqlBackend {
     pub async fn connect(config: SqlConfig) -> Result<Self> {
         let backend = Self::new(config)?;
         // PostgreSQL: the shared listener opens its own connection meanwhile, so the first
-        // waiter finds it listening and the first lock call finds the migration's
-        // connection idle in the pool.
+        // waiter finds it listening.
         #[cfg(feature = "postgres")]
         backend.notifier();
         backend.migrate().await?;
@@ -86,27 +90,29 @@ impl SqlBackend {
     pub fn new(config: SqlConfig) -> Result<Self> {
         crate::config::validate_table(&config.table)?;
         let dialect = config.dialect();
-        let store = match dialect {
+        #[cfg(feature = "postgres")]
+        let mut listener = None;
+        let store = match (dialect, config.file()) {
             #[cfg(feature = "sqlite")]
-            Dialect::Sqlite => Store::Sqlite(Ops {
-                pool: sqlite::pool(&config)?,
-                sql: Statements::new(&sqlite::SQL, &config.table),
-                dialect,
-            }),
+            (Dialect::Sqlite, Some(file)) => {
+                Store::Sqlite(Ops::new(sqlite::pool(&config, file), &sqlite::SQL, &config))
+            }
             #[cfg(feature = "postgres")]
-            Dialect::Postgres => Store::Postgres(Ops {
-                pool: postgres::pool(&config)?,
-                sql: Statements::new(&postgres::SQL, &config.table),
-                dialect,
-            }),
+            (Dialect::Postgres, _) => {
+                let options = postgres::connect_options(&config)?;
+                listener = Some(postgres::Listener::new(&config, options.clone()));
+                Store::Postgres(Ops::new(
+                    postgres::pool(&config, options),
+                    &postgres::SQL,
+                    &config,
+                ))
+            }
             #[cfg(feature = "mysql")]
-            Dialect::MySql => Store::MySql(Ops {
-                pool: mysql::pool(&config)?,
-                sql: Statements::new(&mysql::SQL, &config.table),
-                dialect,
-            }),
+            (Dialect::MySql, _) => {
+                Store::MySql(Ops::new(mysql::pool(&config)?, &mysql::SQL, &config))
+            }
             #[allow(unreachable_patterns)]
-            other => {
+            (other, _) => {
                 return Err(Error::new(
                     ErrorKind::Unsupported,
                     format!("lock-sql was built without the `{}` feature", other.name()),
@@ -119,6 +125,7 @@ impl SqlBackend {
                 capabilities: Capabilities {
                     fair_ordering: false,
                     native_notification: dialect == Dialect::Postgres,
+                    // PostgreSQL: checked by `migrate` (see docs.md).
                     durable_fencing: true,
                     reentrancy: true,
                     session_bound: false,
@@ -130,15 +137,24 @@ impl SqlBackend {
                 releases: AtomicU64::new(0),
                 in_flight: std::sync::Mutex::new(HashMap::new()),
                 #[cfg(feature = "postgres")]
-                notifier: std::sync::OnceLock::new(),
+                listener,
             }),
         })
     }
 
     /// Creates the lock table and its fencing counter if they are missing. Idempotent and
     /// safe when many processes start at once; [`connect`](Self::connect) runs it.
+    ///
+    /// On PostgreSQL it also checks what durable fencing tokens rest on, and fails with
+    /// [`ErrorKind::Misconfigured`] when the connections do not commit synchronously or
+    /// the token sequence caches, cycles or counts down.
     pub async fn migrate(&self) -> Result<()> {
-        on_store!(&self.inner.store, ops => ops.migrate().await)
+        on_store!(&self.inner.store, ops => ops.migrate().await)?;
+        #[cfg(feature = "postgres")]
+        if let Some((ops, _)) = self.inner.postgres() {
+            postgres::check_durability(ops, &self.inner.config.table).await?;
+        }
+        Ok(())
     }
 
     /// The dialect this backend speaks.
@@ -164,7 +180,7 @@ impl SqlBackend {
     }
 
     /// The acquire and release statements exactly as this backend sends them (with the
-    /// table name and clock expression filled in): the baseline for benchmarks.
+    /// table name and clock expressions filled in): the baseline for benchmarks.
     pub fn statements(&self) -> (&str, &str) {
         on_store!(&self.inner.store, ops => (ops.sql.acquire_sql(), ops.sql.release_sql()))
     }
@@ -172,18 +188,11 @@ impl SqlBackend {
     /// The shared LISTEN task of a PostgreSQL backend, started on first use (inside a
     /// tokio runtime); `None` for other dialects.
     #[cfg(feature = "postgres")]
-    // With only the `postgres` feature the store has no other variant.
-    #[allow(irrefutable_let_patterns)]
     fn notifier(&self) -> Option<&postgres::Notifier> {
-        let Store::Postgres(ops) = &self.inner.store else {
-            return None;
-        };
-        Some(self.inner.notifier.get_or_init(|| {
-            postgres::Notifier::start(
-                ops.pool.clone(),
-                crate::dialect::channel(&self.inner.config.table),
-            )
-        }))
+        self.inner
+            .listener
+            .as_ref()
+            .map(postgres::Listener::notifier)
     }
 
     fn ttl_ms(&self, ttl: Duration) -> Result<i64> {
@@ -192,13 +201,47 @@ impl SqlBackend {
     }
 }
 
-fn in_flight(
-    inner: &Inner,
-) -> std::sync::MutexGuard<'_, HashMap<LeaseId, Arc<tokio::sync::Mutex<()>>>> {
-    inner
-        .in_flight
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+impl Inner {
+    fn in_flight(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseId, Vec<Gate>>> {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The operations and the listener of a PostgreSQL backend.
+    #[cfg(feature = "postgres")]
+    // With only the `postgres` feature the store has no other variant.
+    #[allow(irrefutable_let_patterns)]
+    fn postgres(&self) -> Option<(&Ops<sqlx::Postgres>, &postgres::Listener)> {
+        let Store::Postgres(ops) = &self.store else {
+            return None;
+        };
+        Some((ops, self.listener.as_ref()?))
+    }
+
+    async fn release(self: Arc<Self>, key: LockKey, lease_id: LeaseId) -> Result<bool> {
+        let running: Vec<Gate> = self.in_flight().get(&lease_id).cloned().unwrap_or_default();
+        for acquire in running {
+            drop(acquire.lock().await);
+        }
+        let released = on_store!(&self.store, ops => ops.release(&key, lease_id).await)?;
+        #[cfg(feature = "postgres")]
+        if released.is_some() && self.postgres().is_some() {
+            let inner = Arc::clone(&self);
+            let key = key.clone();
+            tokio::spawn(async move {
+                if let Some((ops, listener)) = inner.postgres() {
+                    listener.released(ops, &key).await;
+                }
+            });
+        }
+        if self.releases.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
+            if let Err(err) = on_store!(&self.store, ops => ops.sweep().await) {
+                tracing::debug!(error = %err, "sweeping expired leases failed");
+            }
+        }
+        Ok(released == Some(true))
+    }
 }
 
 impl fmt::Debug for SqlBackend {
@@ -222,20 +265,24 @@ impl LockBackend for SqlBackend {
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<FencingToken>> {
         let ttl_ms = self.ttl_ms(request.ttl())?;
         let lease_id = request.lease_id();
-        let gate = Arc::new(tokio::sync::Mutex::new(()));
+        let gate = Gate::default();
         let running = Arc::clone(&gate).lock_owned().await;
-        in_flight(&self.inner).insert(lease_id, Arc::clone(&gate));
+        self.inner
+            .in_flight()
+            .entry(lease_id)
+            .or_default()
+            .push(Arc::clone(&gate));
         // Runs to completion even if the caller gives up, then opens the gate.
         let inner = Arc::clone(&self.inner);
         let key = request.key().clone();
         finish_if_dropped(async move {
             let result = on_store!(&inner.store, ops => ops.acquire(&key, lease_id, ttl_ms).await);
-            let mut in_flight = in_flight(&inner);
-            if in_flight
-                .get(&lease_id)
-                .is_some_and(|g| Arc::ptr_eq(g, &gate))
-            {
-                in_flight.remove(&lease_id);
+            let mut in_flight = inner.in_flight();
+            if let Some(gates) = in_flight.get_mut(&lease_id) {
+                gates.retain(|g| !Arc::ptr_eq(g, &gate));
+                if gates.is_empty() {
+                    in_flight.remove(&lease_id);
+                }
             }
             drop(running);
             result
@@ -245,25 +292,25 @@ impl LockBackend for SqlBackend {
 
     async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
         let ttl_ms = self.ttl_ms(ttl)?;
-        on_store!(&self.inner.store, ops => ops.renew(key, lease_id, ttl_ms).await)
+        let inner = Arc::clone(&self.inner);
+        let key = key.clone();
+        // Finished even if the caller gives up, so the statement is never cut off half-way
+        // (which would leave its connection to an unbounded health check).
+        finish_if_dropped(async move {
+            on_store!(&inner.store, ops => ops.renew(&key, lease_id, ttl_ms).await)
+        })
+        .await
     }
 
     async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
-        let running = in_flight(&self.inner).get(&lease_id).cloned();
-        if let Some(acquire) = running {
-            drop(acquire.lock().await);
-        }
-        let released = on_store!(&self.inner.store, ops => ops.release(key, lease_id).await)?;
-        if self.inner.releases.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
-            if let Err(err) = self.sweep_expired().await {
-                tracing::debug!(error = %err, "sweeping expired leases failed");
-            }
-        }
-        Ok(released)
+        finish_if_dropped(Arc::clone(&self.inner).release(key.clone(), lease_id)).await
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        on_store!(&self.inner.store, ops => ops.inspect(key).await)
+        let inner = Arc::clone(&self.inner);
+        let key = key.clone();
+        finish_if_dropped(async move { on_store!(&inner.store, ops => ops.inspect(&key).await) })
+            .await
     }
 
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {

@@ -6,78 +6,135 @@ use crate::config::Dialect;
 
 /// Maps a driver error into a core error; `doing` says what was being attempted.
 ///
-/// Messages never include the connection URL: sqlx errors do not carry it, and the
-/// messages built here name only the operation.
+/// Messages never include the connection URL: they name the operation and what to fix,
+/// and a configuration error (which may quote the URL it refers to) is not attached as
+/// the source.
 pub(crate) fn map(dialect: Dialect, doing: &str, err: sqlx::Error) -> Error {
-    let kind = kind_of(dialect, &err);
-    Error::new(kind, format!("{doing} failed: {}", describe(kind))).with_source(err)
-}
-
-fn describe(kind: ErrorKind) -> &'static str {
-    match kind {
-        ErrorKind::Unavailable => "the database could not be reached or is busy",
-        ErrorKind::PermissionDenied => "the database refused the credentials or the operation",
-        ErrorKind::InvalidInput => "the database configuration is invalid",
-        _ => "unexpected database error",
+    let (kind, what) = classify(dialect, &err);
+    let error = Error::new(kind, format!("{doing} failed: {what}"));
+    match err {
+        sqlx::Error::Configuration(_) => error,
+        _ => error.with_source(err),
     }
 }
 
-fn kind_of(dialect: Dialect, err: &sqlx::Error) -> ErrorKind {
+const UNREACHABLE: &str = "the database could not be reached or is busy";
+const REFUSED: &str = "the database refused the credentials or the operation";
+const UNEXPECTED: &str = "unexpected database error";
+const NO_DATABASE: &str = "the database named in the URL does not exist: create it, or \
+     correct the URL's path";
+const TABLE_SHAPE: &str = "the lock table or its token counter is missing or does not have \
+     the columns this version expects: let `connect` create it (a backend built with `new` \
+     must run `migrate` first), or choose another table with ?table=";
+
+fn classify(dialect: Dialect, err: &sqlx::Error) -> (ErrorKind, &'static str) {
     match err {
         sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
         | sqlx::Error::Protocol(_)
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed
-        | sqlx::Error::BeginFailed => ErrorKind::Unavailable,
-        sqlx::Error::Configuration(_) | sqlx::Error::InvalidArgument(_) => ErrorKind::InvalidInput,
-        sqlx::Error::Database(db) => db.code().map_or(ErrorKind::Internal, |code| {
-            kind_of_code(dialect, &error_code(db.as_ref(), code))
-        }),
-        _ => ErrorKind::Internal,
+        | sqlx::Error::BeginFailed => (ErrorKind::Unavailable, UNREACHABLE),
+        // A certificate that is not trusted or does not match, or a server without TLS:
+        // retrying cannot help.
+        sqlx::Error::Tls(_) => (
+            ErrorKind::Misconfigured,
+            "TLS could not be set up (an untrusted or mismatched certificate, or a server \
+             without TLS): check the URL's sslmode and certificate options",
+        ),
+        sqlx::Error::Configuration(_) | sqlx::Error::InvalidArgument(_) => (
+            ErrorKind::InvalidInput,
+            "the database configuration is invalid",
+        ),
+        sqlx::Error::Database(db) => {
+            let code = error_code(db.as_ref());
+            let code = code.as_deref().unwrap_or("");
+            match dialect {
+                Dialect::Postgres => postgres_code(code),
+                Dialect::MySql => mysql_code(code),
+                Dialect::Sqlite => sqlite_code(code, db.message()),
+            }
+        }
+        _ => (ErrorKind::Internal, UNEXPECTED),
     }
 }
 
 /// MySQL's `code()` is the SQLSTATE; its error number says more.
-fn error_code(db: &dyn sqlx::error::DatabaseError, code: std::borrow::Cow<'_, str>) -> String {
+fn error_code(db: &dyn sqlx::error::DatabaseError) -> Option<String> {
     #[cfg(feature = "mysql")]
     if let Some(mysql) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
-        return mysql.number().to_string();
+        return Some(mysql.number().to_string());
     }
-    let _ = db;
-    code.into_owned()
+    db.code().map(|code| code.into_owned())
 }
 
-/// Classifies a database error code: a SQLSTATE for PostgreSQL, an error number for
-/// MySQL/MariaDB, an (extended) result code for SQLite.
-fn kind_of_code(dialect: Dialect, code: &str) -> ErrorKind {
-    match dialect {
-        Dialect::Postgres => match code.get(..2) {
-            // Invalid authorization; insufficient privilege.
-            Some("28") => ErrorKind::PermissionDenied,
-            _ if code == "42501" => ErrorKind::PermissionDenied,
-            // Connection exception; serialization failure or deadlock; resources; shutdown.
-            Some("08" | "40" | "53" | "57") => ErrorKind::Unavailable,
-            _ => ErrorKind::Internal,
-        },
-        Dialect::MySql => match code.parse::<u32>() {
-            // Access denied (user, database, table, privilege).
-            Ok(1044 | 1045 | 1142 | 1227 | 1698) => ErrorKind::PermissionDenied,
-            // Too many connections, shutdown, lock wait timeout, deadlock, query
-            // interrupted, server gone away, lost connection.
-            Ok(1040 | 1053 | 1205 | 1213 | 1317 | 2006 | 2013) => ErrorKind::Unavailable,
-            _ => ErrorKind::Internal,
-        },
-        // Primary result codes are the low byte of extended ones.
-        Dialect::Sqlite => match code.parse::<u32>().map(|n| n & 0xff) {
-            // SQLITE_PERM, SQLITE_READONLY, SQLITE_AUTH.
-            Ok(3 | 8 | 23) => ErrorKind::PermissionDenied,
-            // SQLITE_BUSY, SQLITE_LOCKED, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN,
-            // SQLITE_PROTOCOL.
-            Ok(5 | 6 | 10 | 13 | 14 | 15) => ErrorKind::Unavailable,
-            _ => ErrorKind::Internal,
-        },
+/// Classifies a SQLSTATE.
+fn postgres_code(code: &str) -> (ErrorKind, &'static str) {
+    match (code.get(..2), code) {
+        // Invalid authorization; insufficient privilege.
+        (Some("28"), _) | (_, "42501") => (ErrorKind::PermissionDenied, REFUSED),
+        // A read-only transaction: a standby, or a primary being demoted in a failover.
+        (_, "25006") => (
+            ErrorKind::Unavailable,
+            "the database is read-only (a standby, or a failover in progress)",
+        ),
+        // Connection exception; serialization failure or deadlock; resources; operator
+        // intervention (shutdown, cancelled by the statement time-out, starting up).
+        (Some("08" | "40" | "53" | "57"), _) => (ErrorKind::Unavailable, UNREACHABLE),
+        (_, "3D000") => (ErrorKind::Misconfigured, NO_DATABASE),
+        // Undefined table or column, wrong data type, a table where a sequence belongs.
+        (_, "42P01" | "42703" | "42804" | "42809") => (ErrorKind::Misconfigured, TABLE_SHAPE),
+        _ => (ErrorKind::Internal, UNEXPECTED),
+    }
+}
+
+/// Classifies a MySQL/MariaDB error number.
+fn mysql_code(code: &str) -> (ErrorKind, &'static str) {
+    match code.parse::<u32>() {
+        // Access denied (user, database, table, privilege).
+        Ok(1044 | 1045 | 1142 | 1227 | 1698) => (ErrorKind::PermissionDenied, REFUSED),
+        // Creating the token trigger with binary logging on.
+        Ok(1419) => (
+            ErrorKind::PermissionDenied,
+            "creating the token trigger needs the TRIGGER privilege and, with binary logging \
+             on, SUPER or log_bin_trust_function_creators=1",
+        ),
+        // Read-only server or transaction (a replica, or a failover in progress).
+        Ok(1290 | 1792) => (
+            ErrorKind::Unavailable,
+            "the database is read-only (a replica, or a failover in progress)",
+        ),
+        // Too many connections, shutdown, lock wait timeout, deadlock, query interrupted,
+        // connection killed, statement time-out, idle disconnect, server gone away, lost
+        // connection.
+        Ok(1040 | 1053 | 1205 | 1213 | 1317 | 1927 | 1969 | 4031 | 2006 | 2013) => {
+            (ErrorKind::Unavailable, UNREACHABLE)
+        }
+        Ok(1049) => (ErrorKind::Misconfigured, NO_DATABASE),
+        // Unknown column, no such table, a column without a default.
+        Ok(1054 | 1146 | 1364) => (ErrorKind::Misconfigured, TABLE_SHAPE),
+        _ => (ErrorKind::Internal, UNEXPECTED),
+    }
+}
+
+/// Classifies an (extended) SQLite result code; the generic SQLITE_ERROR says only in its
+/// message that a table or column is missing.
+fn sqlite_code(code: &str, message: &str) -> (ErrorKind, &'static str) {
+    // Primary result codes are the low byte of extended ones.
+    match code.parse::<u32>().map(|n| n & 0xff) {
+        // SQLITE_PERM, SQLITE_READONLY, SQLITE_AUTH.
+        Ok(3 | 8 | 23) => (ErrorKind::PermissionDenied, REFUSED),
+        // SQLITE_BUSY, SQLITE_LOCKED, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN,
+        // SQLITE_PROTOCOL.
+        Ok(5 | 6 | 10 | 13 | 14 | 15) => (ErrorKind::Unavailable, UNREACHABLE),
+        Ok(1)
+            if ["no such table", "no such column", "has no column"]
+                .iter()
+                .any(|shape| message.contains(shape)) =>
+        {
+            (ErrorKind::Misconfigured, TABLE_SHAPE)
+        }
+        _ => (ErrorKind::Internal, UNEXPECTED),
     }
 }
 
@@ -87,20 +144,35 @@ mod tests {
 
     #[test]
     fn codes_are_classified() {
-        let pg = |code| kind_of_code(Dialect::Postgres, code);
+        let pg = |code| postgres_code(code).0;
         assert_eq!(pg("28P01"), ErrorKind::PermissionDenied);
         assert_eq!(pg("28000"), ErrorKind::PermissionDenied);
-        assert_eq!(pg("57P01"), ErrorKind::Unavailable);
-        assert_eq!(pg("40001"), ErrorKind::Unavailable);
+        assert_eq!(pg("42501"), ErrorKind::PermissionDenied);
+        for transient in [
+            "57P01", "57P02", "57P03", "57014", "40001", "25006", "08006",
+        ] {
+            assert_eq!(pg(transient), ErrorKind::Unavailable, "{transient}");
+        }
+        assert_eq!(pg("3D000"), ErrorKind::Misconfigured);
+        assert_eq!(pg("42703"), ErrorKind::Misconfigured);
+        assert_eq!(pg("42P01"), ErrorKind::Misconfigured);
         assert_eq!(pg("23505"), ErrorKind::Internal);
-        let my = |code| kind_of_code(Dialect::MySql, code);
+        let my = |code| mysql_code(code).0;
         assert_eq!(my("1045"), ErrorKind::PermissionDenied);
-        assert_eq!(my("1213"), ErrorKind::Unavailable);
+        assert_eq!(my("1419"), ErrorKind::PermissionDenied);
+        assert_eq!(my("1142"), ErrorKind::PermissionDenied);
+        for transient in ["1213", "1205", "1290", "1792", "1927", "1969", "4031"] {
+            assert_eq!(my(transient), ErrorKind::Unavailable, "{transient}");
+        }
+        assert_eq!(my("1049"), ErrorKind::Misconfigured);
+        assert_eq!(my("1054"), ErrorKind::Misconfigured);
         assert_eq!(my("1062"), ErrorKind::Internal);
-        let lite = |code| kind_of_code(Dialect::Sqlite, code);
-        assert_eq!(lite("5"), ErrorKind::Unavailable);
-        assert_eq!(lite("517"), ErrorKind::Unavailable);
-        assert_eq!(lite("8"), ErrorKind::PermissionDenied);
-        assert_eq!(lite("19"), ErrorKind::Internal);
+        let lite = |code, message| sqlite_code(code, message).0;
+        assert_eq!(lite("5", ""), ErrorKind::Unavailable);
+        assert_eq!(lite("517", ""), ErrorKind::Unavailable);
+        assert_eq!(lite("8", ""), ErrorKind::PermissionDenied);
+        assert_eq!(lite("1", "no such column: token"), ErrorKind::Misconfigured);
+        assert_eq!(lite("1", "near \"x\": syntax error"), ErrorKind::Internal);
+        assert_eq!(lite("19", ""), ErrorKind::Internal);
     }
 }

@@ -26,7 +26,7 @@ mod dialect;
 mod error;
 
 pub use backend::SqlBackend;
-pub use config::{Dialect, SqlConfig, SCHEMES};
+pub use config::{Dialect, SqlConfig, SqliteSynchronous, SCHEMES};
 
 /// Connects to the database `url` names and creates the lock table if missing.
 ///

@@ -7,7 +7,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -49,15 +49,35 @@ async fn helper_process() {
     };
     let url = std::env::var("DISTLOCK_HELPER_URL").unwrap();
     let key = std::env::var("DISTLOCK_HELPER_KEY").unwrap();
-    let client = LockClient::new(lock_sql::connect(&url).await.unwrap()).with_defaults(options());
+    let connect = || async {
+        LockClient::new(lock_sql::connect(&url).await.unwrap()).with_defaults(options())
+    };
     match task.as_str() {
         "count" => {
+            let client = connect().await;
             let file = std::env::var("DISTLOCK_HELPER_FILE").unwrap();
             println!("READY");
             count(&client, &key, Path::new(&file)).await;
             println!("DONE");
         }
+        "open" => {
+            println!("READY");
+            // Each line names a new database file that every opener opens at once.
+            for line in std::io::stdin().lines() {
+                let url = line.unwrap();
+                let opened = async {
+                    let backend = lock_sql::connect(&url).await?;
+                    let client = LockClient::new(backend).with_defaults(options());
+                    client.lock(&key).await?.release().await
+                };
+                match opened.await {
+                    Ok(_) => println!("OPENED"),
+                    Err(err) => println!("FAILED {err} ({err:?})"),
+                }
+            }
+        }
         "hold" => {
+            let client = connect().await;
             let guard = client.lock(&key).await.unwrap();
             println!("HELD {}", guard.token());
             // Held (and renewed) until the parent kills this process.
@@ -79,6 +99,7 @@ fn spawn_helper(task: &str, url: &str, key: &str, file: Option<&Path>) -> (Child
         .env("DISTLOCK_HELPER", task)
         .env("DISTLOCK_HELPER_URL", url)
         .env("DISTLOCK_HELPER_KEY", key)
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
     if let Some(file) = file {
@@ -92,14 +113,19 @@ fn spawn_helper(task: &str, url: &str, key: &str, file: Option<&Path>) -> (Child
 /// Reads the helper's output until a line containing `prefix` (libtest may print its
 /// "test helper_process ... " before it on the same line); returns the line from there.
 fn wait_line(out: &mut impl BufRead, prefix: &str) -> String {
+    wait_line_of(out, &[prefix])
+}
+
+/// Like [`wait_line`], for the first of several prefixes.
+fn wait_line_of(out: &mut impl BufRead, prefixes: &[&str]) -> String {
     let mut line = String::new();
     loop {
         line.clear();
         assert!(
             out.read_line(&mut line).unwrap() > 0,
-            "helper exited before {prefix}"
+            "helper exited before {prefixes:?}"
         );
-        if let Some(at) = line.find(prefix) {
+        if let Some(at) = prefixes.iter().find_map(|prefix| line.find(prefix)) {
             return line[at..].trim().to_owned();
         }
     }
@@ -170,6 +196,50 @@ async fn sqlite_processes_contend_on_a_new_file() {
 async fn sqlite_killed_holder_frees_the_lock() {
     let db = Database::sqlite().await.unwrap();
     killed_holder_frees_the_lock(&db).await;
+}
+
+/// Many processes open one new SQLite file at the same instant, round after round: every
+/// one of them connects (creating the file, switching it to WAL and creating the table
+/// together with the others) and can lock.
+#[test]
+fn sqlite_processes_open_a_new_file_together() {
+    const PROCESSES: usize = 16;
+    const ROUNDS: usize = 40;
+    let dir = tempfile::tempdir().unwrap();
+    let key = format!("open-together/{}", std::process::id());
+    let mut helpers: Vec<_> = (0..PROCESSES)
+        .map(|_| spawn_helper("open", "", &key, None))
+        .collect();
+    for (_, out) in &mut helpers {
+        wait_line(out, "READY");
+    }
+    let mut failures = Vec::new();
+    for round in 0..ROUNDS {
+        let url = format!(
+            "sqlite://{}",
+            dir.path().join(format!("{round}.db")).display()
+        );
+        for (child, _) in &mut helpers {
+            writeln!(child.stdin.as_mut().unwrap(), "{url}").unwrap();
+        }
+        for (_, out) in &mut helpers {
+            let outcome = wait_line_of(out, &["OPENED", "FAILED"]);
+            if outcome.starts_with("FAILED") {
+                failures.push(format!("round {round}: {outcome}"));
+            }
+        }
+    }
+    for (mut child, mut out) in helpers {
+        drop(child.stdin.take());
+        std::io::copy(&mut out, &mut std::io::sink()).unwrap();
+        assert!(child.wait().unwrap().success());
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} openings failed: {failures:#?}",
+        failures.len(),
+        PROCESSES * ROUNDS
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

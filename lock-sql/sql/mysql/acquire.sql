@@ -1,8 +1,15 @@
--- Assignments apply left to right and later ones see earlier results: the token is
--- decided on the old row, then the lease, then the expiry (which follows the new lease).
-INSERT INTO {table} (lock_key, lease_id, token, expires_at) VALUES (?, ?, 0, {now} + ?)
+-- Whether the old lease is over is judged at the statement's start ({now}, NOW(3)); the
+-- expiry written counts from the moment of writing ({clock}, SYSDATE(3)), after the waits
+-- for the counter and the row. The result does not depend on whether the assignments see
+-- each other's new values (MariaDB's SIMULTANEOUS_ASSIGNMENT mode): each reads only
+-- columns assigned after it, except expires_at, whose condition and value come out the
+-- same with the old or the new lease_id. The token was drawn by the insert trigger, under
+-- the counter row's lock, before the key row's lock.
+INSERT INTO {table} (lock_key, lease_id, token, expires_at) VALUES (?, ?, 0, {clock} + ?)
 ON DUPLICATE KEY UPDATE
     token = IF(expires_at <= {now}, VALUES(token), token),
     lease_id = IF(expires_at <= {now} OR lease_id = VALUES(lease_id), VALUES(lease_id), lease_id),
-    expires_at = IF(lease_id = VALUES(lease_id), VALUES(expires_at), expires_at)
-RETURNING lease_id, token
+    expires_at = IF(expires_at <= {now} OR lease_id = VALUES(lease_id),
+                    GREATEST(IF(lease_id = VALUES(lease_id), expires_at, 0), {clock} + ?),
+                    expires_at)
+RETURNING lease_id, token, expires_at - {clock} AS remaining_ms

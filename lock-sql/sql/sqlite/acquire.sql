@@ -1,8 +1,12 @@
+-- 'now' is read once per statement, so {now} and {clock} are the same instant; the
+-- statement has the shape of the other dialects' (see postgres/acquire.sql).
 INSERT INTO {table} AS held (lock_key, lease_id, token, expires_at)
-VALUES (?1, ?2, (SELECT last_token + 1 FROM {table}_tokens WHERE id = 1), {now} + ?3)
+VALUES (?1, ?2, (SELECT last_token + 1 FROM {table}_tokens WHERE id = 1), {clock} + ?3)
 ON CONFLICT (lock_key) DO UPDATE SET
     token = CASE WHEN held.expires_at > {now} THEN held.token ELSE excluded.token END,
     lease_id = excluded.lease_id,
-    expires_at = excluded.expires_at
+    expires_at = max(
+        CASE WHEN held.lease_id = excluded.lease_id THEN held.expires_at ELSE 0 END,
+        {clock} + ?4)
 WHERE held.expires_at <= {now} OR held.lease_id = excluded.lease_id
-RETURNING lease_id, token
+RETURNING lease_id, token, expires_at - {clock} AS remaining_ms

@@ -8,17 +8,26 @@ pub(crate) mod postgres;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use lock_core::{Error, ErrorKind, FencingToken, LeaseId, LockInfo, LockKey, Result};
+use sqlx::pool::PoolOptions;
 use sqlx::{AssertSqlSafe, ColumnIndex, Database, Decode, Encode, Executor, IntoArguments};
 use sqlx::{Pool, Row, SqlSafeStr, SqlStr, Type};
 
 use crate::config::{Dialect, SqlConfig};
 use crate::error::map;
 
+/// How long after the statement time-out a statement's answer may still arrive before its
+/// connection is given up: the server's own cancellation needs a round trip to report.
+const ANSWER_GRACE: Duration = Duration::from_secs(1);
+
 /// Where the statement files of one dialect splice in the (validated) table name, the
-/// notification channel and the database clock in milliseconds.
+/// notification channel and the database clock in milliseconds: `{now}` is constant
+/// within one statement (whether a lease is over is judged once), `{clock}` is read when
+/// evaluated (an expiry written after a lock wait counts from the write).
 pub(crate) struct SqlText {
     pub migrate: &'static str,
     pub acquire: &'static str,
@@ -27,14 +36,16 @@ pub(crate) struct SqlText {
     pub inspect: &'static str,
     pub stored_keys: &'static str,
     pub sweep: &'static str,
-    /// An expression for the database server's clock, in integer milliseconds since the
-    /// Unix epoch, constant within one statement.
+    /// The database server's clock at the statement's start, in integer milliseconds
+    /// since the Unix epoch.
     pub now_ms: &'static str,
+    /// The database server's clock when the expression is evaluated, in the same unit.
+    pub clock_ms: &'static str,
 }
 
 /// The [`SqlText`] of the dialect whose statement files live in `sql/<dir>/`.
 macro_rules! sql_text {
-    ($dir:literal, now_ms: $now:expr) => {
+    ($dir:literal, now_ms: $now:expr, clock_ms: $clock:expr) => {
         $crate::dialect::SqlText {
             migrate: include_str!(concat!("../../sql/", $dir, "/migrate.sql")),
             acquire: include_str!(concat!("../../sql/", $dir, "/acquire.sql")),
@@ -44,12 +55,14 @@ macro_rules! sql_text {
             stored_keys: include_str!(concat!("../../sql/", $dir, "/stored_keys.sql")),
             sweep: include_str!(concat!("../../sql/", $dir, "/sweep.sql")),
             now_ms: $now,
+            clock_ms: $clock,
         }
     };
 }
 pub(crate) use sql_text;
 
-/// Splits `migrate.sql` files into statements.
+/// Splits `migrate.sql` (and MariaDB's `sweep.sql`) into statements run one after the
+/// other on one connection.
 const STATEMENT_BREAK: &str = "-- statement";
 
 /// The statements of one dialect for one table, prepared once per backend.
@@ -61,7 +74,7 @@ pub(crate) struct Statements {
     release: SqlStr,
     inspect: SqlStr,
     stored_keys: SqlStr,
-    sweep: SqlStr,
+    sweep: Vec<SqlStr>,
 }
 
 impl Statements {
@@ -70,24 +83,26 @@ impl Statements {
         let fill = |sql: &str| {
             AssertSqlSafe(
                 sql.replace("{now}", text.now_ms)
+                    .replace("{clock}", text.clock_ms)
                     .replace("{channel}", &channel(table))
                     .replace("{table}", table),
             )
             .into_sql_str()
         };
-        Statements {
-            migrate: text
-                .migrate
-                .split(STATEMENT_BREAK)
+        let split = |sql: &str| {
+            sql.split(STATEMENT_BREAK)
                 .filter(|s| !s.trim().is_empty())
                 .map(fill)
-                .collect(),
+                .collect()
+        };
+        Statements {
+            migrate: split(text.migrate),
             acquire: fill(text.acquire),
             renew: fill(text.renew),
             release: fill(text.release),
             inspect: fill(text.inspect),
             stored_keys: fill(text.stored_keys),
-            sweep: fill(text.sweep),
+            sweep: split(text.sweep),
         }
     }
 
@@ -112,12 +127,16 @@ pub(crate) trait RowsAffected {
     fn rows(&self) -> u64;
 }
 
+/// A statement run on a borrowed connection.
+type Statement<'c, T> = Pin<Box<dyn Future<Output = sqlx::Result<T>> + Send + 'c>>;
+
 /// The lock operations over one pool; generic so each is written once for all dialects.
-#[derive(Debug)]
 pub(crate) struct Ops<DB: Database> {
     pub(crate) pool: Pool<DB>,
     pub(crate) sql: Statements,
     pub(crate) dialect: Dialect,
+    /// How long a statement's answer is awaited before its connection is given up.
+    pub(crate) answer_within: Duration,
 }
 
 impl<DB> Ops<DB>
@@ -125,7 +144,6 @@ where
     DB: Database,
     <DB as Database>::Arguments: IntoArguments<DB>,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
     for<'q> String: Encode<'q, DB> + Type<DB>,
     for<'q> i64: Encode<'q, DB>,
     for<'r> i64: Decode<'r, DB> + Type<DB>,
@@ -133,30 +151,75 @@ where
     usize: ColumnIndex<DB::Row>,
     DB::QueryResult: RowsAffected,
 {
+    /// The operations for `config`'s statement time-out over `pool`.
+    pub(crate) fn new(pool: Pool<DB>, text: &SqlText, config: &SqlConfig) -> Self {
+        Ops {
+            pool,
+            sql: Statements::new(text, &config.table),
+            dialect: config.dialect(),
+            answer_within: config.statement_timeout + ANSWER_GRACE,
+        }
+    }
+
     fn fail(&self, doing: &str) -> impl FnOnce(sqlx::Error) -> Error + '_ {
         let doing = doing.to_owned();
         move |err| map(self.dialect, &doing, err)
     }
 
-    /// Creates the table and the token counter if missing, on one connection, inside the
-    /// dialect's own serialisation (a transaction or a named lock).
-    pub(crate) async fn migrate(&self) -> Result<()> {
+    /// Runs `statement` on a pooled connection, awaiting its answer for at most the
+    /// statement time-out plus a grace.
+    ///
+    /// A connection whose statement failed or went unanswered is closed rather than
+    /// returned: its state (an open transaction, a held named lock, a reply still on its
+    /// way through a partition) is unknown, and returning it would make the pool's
+    /// unbounded health check wait on it, holding the slot for ever.
+    async fn on_connection<T, F>(&self, doing: &str, statement: F) -> Result<T>
+    where
+        F: for<'c> FnOnce(&'c mut DB::Connection) -> Statement<'c, T>,
+    {
         let mut conn = self
             .pool
             .acquire()
             .await
-            .map_err(self.fail("connecting to migrate"))?;
-        for statement in &self.sql.migrate {
-            if let Err(err) = sqlx::raw_sql(statement.clone()).execute(&mut *conn).await {
-                // Never hand back a connection with a half-done transaction or a held
-                // named lock.
+            .map_err(self.fail(&format!("connecting to {doing}")))?;
+        let answer = tokio::time::timeout(self.answer_within, statement(&mut conn)).await;
+        match answer {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(err)) => {
                 drop(conn.detach());
-                return Err(map(self.dialect, "creating the lock table", err));
+                Err(map(self.dialect, doing, err))
+            }
+            Err(_) => {
+                drop(conn.detach());
+                Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "{doing} failed: the database did not answer within {:?}; the \
+                         connection was closed",
+                        self.answer_within
+                    ),
+                ))
             }
         }
-        Ok(())
     }
 
+    /// Creates the table and the token counter if missing, on one connection, inside the
+    /// dialect's own serialisation (a transaction or a named lock).
+    pub(crate) async fn migrate(&self) -> Result<()> {
+        let statements = self.sql.migrate.clone();
+        self.on_connection("creating the lock table", move |conn| {
+            Box::pin(async move {
+                for statement in statements {
+                    sqlx::raw_sql(statement).execute(&mut *conn).await?;
+                }
+                Ok(())
+            })
+        })
+        .await
+    }
+
+    /// Grants the key to `lease_id` for `ttl_ms` if it is free, expired or already the
+    /// lease's own; `None` when another lease holds it.
     pub(crate) async fn acquire(
         &self,
         key: &LockKey,
@@ -164,23 +227,38 @@ where
         ttl_ms: i64,
     ) -> Result<Option<FencingToken>> {
         let lease = lease_id.to_string();
-        let row = sqlx::query(self.sql.acquire.clone())
-            .bind(key.as_str())
+        // The TTL twice: for an inserted row, and for a row taken over or refreshed
+        // (MariaDB's parameters are positional only).
+        let query = sqlx::query(self.sql.acquire.clone())
+            .bind(key.as_str().to_owned())
             .bind(lease.clone())
             .bind(ttl_ms)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(self.fail("acquire"))?;
+            .bind(ttl_ms);
+        let row = self
+            .on_connection("acquire", move |conn| Box::pin(query.fetch_optional(conn)))
+            .await?;
         let Some(row) = row else {
             return Ok(None);
         };
+        let read = self.fail("reading the grant");
+        let (holder, token, remaining): (String, i64, i64) =
+            (|| Ok::<_, sqlx::Error>((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))()
+                .map_err(read)?;
         // Dialects whose upsert cannot filter its RETURNING (MariaDB) return whoever
         // holds the row; the grant is ours only if the lease id is.
-        let holder: String = row.try_get(0).map_err(self.fail("reading the grant"))?;
         if holder != lease {
             return Ok(None);
         }
-        let token: i64 = row.try_get(1).map_err(self.fail("reading the grant"))?;
+        if remaining <= 0 {
+            // Only where the expiry is written before a wait (MariaDB's insert waits for
+            // the token counter after computing it): the grant is over already, so it
+            // counts as unanswered and the caller retries the same lease.
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                "acquire failed: the grant was written after its TTL had run out (the \
+                 statement waited on a lock for longer than the TTL)",
+            ));
+        }
         Ok(Some(token_from(token)?))
     }
 
@@ -190,41 +268,39 @@ where
         lease_id: LeaseId,
         ttl_ms: i64,
     ) -> Result<bool> {
-        let done = sqlx::query(self.sql.renew.clone())
+        let query = sqlx::query(self.sql.renew.clone())
             .bind(ttl_ms)
-            .bind(key.as_str())
-            .bind(lease_id.to_string())
-            .execute(&self.pool)
-            .await
-            .map_err(self.fail("renew"))?;
+            .bind(key.as_str().to_owned())
+            .bind(lease_id.to_string());
+        let done = self
+            .on_connection("renew", move |conn| Box::pin(query.execute(conn)))
+            .await?;
         // MySQL reports matched rather than changed rows (CLIENT_FOUND_ROWS), which is
         // what this needs: the WHERE clause is the whole condition.
         Ok(done.rows() == 1)
     }
 
-    /// Deletes the lease's row, live or expired; `true` only if it was live.
-    pub(crate) async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
-        let row = sqlx::query(self.sql.release.clone())
-            .bind(key.as_str())
-            .bind(lease_id.to_string())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(self.fail("release"))?;
-        match row {
-            Some(row) => {
-                let live: i64 = row.try_get(0).map_err(self.fail("reading the release"))?;
-                Ok(live == 1)
-            }
-            None => Ok(false),
-        }
+    /// Deletes the lease's row, live or expired: `None` if there was none, else whether
+    /// it was live.
+    pub(crate) async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<Option<bool>> {
+        let query = sqlx::query(self.sql.release.clone())
+            .bind(key.as_str().to_owned())
+            .bind(lease_id.to_string());
+        let row = self
+            .on_connection("release", move |conn| Box::pin(query.fetch_optional(conn)))
+            .await?;
+        row.map(|row| {
+            let live: i64 = row.try_get(0).map_err(self.fail("reading the release"))?;
+            Ok(live == 1)
+        })
+        .transpose()
     }
 
     pub(crate) async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        let row = sqlx::query(self.sql.inspect.clone())
-            .bind(key.as_str())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(self.fail("inspect"))?;
+        let query = sqlx::query(self.sql.inspect.clone()).bind(key.as_str().to_owned());
+        let row = self
+            .on_connection("inspect", move |conn| Box::pin(query.fetch_optional(conn)))
+            .await?;
         let Some(row) = row else {
             return Ok(None);
         };
@@ -241,23 +317,40 @@ where
     }
 
     pub(crate) async fn stored_keys(&self, prefix: &str) -> Result<Vec<String>> {
-        let rows = sqlx::query(self.sql.stored_keys.clone())
-            .bind(prefix)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(self.fail("listing keys"))?;
+        let query = sqlx::query(self.sql.stored_keys.clone()).bind(prefix.to_owned());
+        let rows = self
+            .on_connection("listing keys", move |conn| Box::pin(query.fetch_all(conn)))
+            .await?;
         rows.iter()
             .map(|row| row.try_get(0).map_err(self.fail("reading a key")))
             .collect()
     }
 
-    /// Deletes expired rows (of crashed holders) that nobody took over since.
+    /// Deletes expired rows (of crashed holders) that nobody took over since; the count
+    /// is the last statement's.
     pub(crate) async fn sweep(&self) -> Result<u64> {
-        let done = sqlx::query(self.sql.sweep.clone())
-            .execute(&self.pool)
+        let statements = self.sql.sweep.clone();
+        self.on_connection("sweeping expired leases", move |conn| {
+            Box::pin(async move {
+                let mut rows = 0;
+                for statement in statements {
+                    rows = sqlx::raw_sql(statement).execute(&mut *conn).await?.rows();
+                }
+                Ok(rows)
+            })
+        })
+        .await
+    }
+
+    /// Runs a statement of one dialect's own (a check, a notification) within the same
+    /// bounds as the lock operations; it must return one row.
+    pub(crate) async fn fetch_row(
+        &self,
+        doing: &str,
+        query: sqlx::query::Query<'static, DB, <DB as Database>::Arguments>,
+    ) -> Result<DB::Row> {
+        self.on_connection(doing, move |conn| Box::pin(query.fetch_one(conn)))
             .await
-            .map_err(self.fail("sweeping expired leases"))?;
-        Ok(done.rows())
     }
 }
 
@@ -272,32 +365,46 @@ fn token_from(token: i64) -> Result<FencingToken> {
     })
 }
 
-/// Parses the configured URL as a driver's connect options; a malformed URL is invalid
-/// input, shown without its password.
+/// A server dialect's connect options, built from the parsed URL: the driver parses a
+/// URL rebuilt without the password (so neither its errors nor anything it logs can
+/// show it), and `with_password` then sets the password as it was decoded.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) fn url_options<O: std::str::FromStr<Err = sqlx::Error>>(
+pub(crate) fn server_options<O: std::str::FromStr<Err = sqlx::Error>>(
     config: &SqlConfig,
-    database: &str,
+    scheme: &str,
+    with_password: impl FnOnce(O, &str) -> O,
 ) -> Result<O> {
-    O::from_str(config.target()).map_err(|err| {
-        Error::new(
-            ErrorKind::InvalidInput,
-            format!(
-                "invalid {database} URL {}",
-                lock_core::redact_url(config.target())
-            ),
-        )
-        .with_source(err)
+    let (url, password) = config
+        .server()
+        .ok_or_else(|| Error::new(ErrorKind::Internal, "a server dialect without a URL"))?;
+    let refused = |why: &str| url.error(why);
+    let [host] = url.hosts() else {
+        return Err(refused("exactly one host is needed"));
+    };
+    let mut driver = url::Url::parse(&format!("{scheme}://{}", host.host))
+        .map_err(|_| refused("the host is not valid"))?;
+    driver
+        .set_port(host.port)
+        .and_then(|()| driver.set_username(url.username()))
+        .map_err(|()| refused("the host cannot have a port or user name"))?;
+    if !url.path().is_empty() {
+        driver.set_path(url.path());
+    }
+    if !url.query().is_empty() {
+        driver.query_pairs_mut().extend_pairs(url.query());
+    }
+    let options = O::from_str(driver.as_str())
+        .map_err(|err| refused("the driver refused an option").with_source(err))?;
+    Ok(match password {
+        Some(password) => with_password(options, password),
+        None => options,
     })
 }
 
-/// A pool of the configured size and connect time-out. No connection is opened yet.
-pub(crate) fn lazy_pool<DB: Database>(
-    config: &SqlConfig,
-    options: <DB::Connection as sqlx::Connection>::Options,
-) -> Pool<DB> {
-    sqlx::pool::PoolOptions::<DB>::new()
+/// The pool settings every dialect shares: size and connect time-out. No connection is
+/// opened until one is needed.
+pub(crate) fn pool_options<DB: Database>(config: &SqlConfig) -> PoolOptions<DB> {
+    PoolOptions::<DB>::new()
         .max_connections(config.pool_size)
         .acquire_timeout(config.connect_timeout)
-        .connect_lazy_with(options)
 }

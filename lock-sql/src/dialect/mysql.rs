@@ -2,16 +2,18 @@
 
 use lock_core::Result;
 use sqlx::mysql::{MySqlConnectOptions, MySqlQueryResult};
-use sqlx::{MySql, Pool};
+use sqlx::{AssertSqlSafe, Executor, MySql, Pool};
 
-use super::{lazy_pool, sql_text, url_options, RowsAffected, SqlText};
+use super::{pool_options, server_options, sql_text, RowsAffected, SqlText};
 use crate::config::SqlConfig;
 
 pub(crate) const SQL: SqlText = sql_text!(
     "mysql",
-    // sqlx sets the session time zone to UTC, so this is unambiguous; NOW(3) is fixed
-    // for one statement.
-    now_ms: "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)"
+    // The session time zone is pinned to UTC (below), so these are unambiguous. NOW(3) is
+    // fixed for one statement; SYSDATE(3) is read when evaluated (unless the server runs
+    // with --sysdate-is-now).
+    now_ms: "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)",
+    clock_ms: "CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED)"
 );
 
 impl RowsAffected for MySqlQueryResult {
@@ -20,8 +22,22 @@ impl RowsAffected for MySqlQueryResult {
     }
 }
 
-/// A pool for the URL. No connection is opened yet.
+/// A pool for the URL. No connection is opened yet. Every connection runs in UTC (the
+/// URL may not change it: expiry arithmetic converts local times) and has its statements
+/// cancelled by the server after the statement time-out.
 pub(crate) fn pool(config: &SqlConfig) -> Result<Pool<MySql>> {
-    let options: MySqlConnectOptions = url_options(config, "MySQL")?;
-    Ok(lazy_pool(config, options))
+    let options = server_options(config, "mysql", |options: MySqlConnectOptions, password| {
+        options.password(password)
+    })?
+    .timezone(Some("+00:00".to_owned()));
+    let session = format!(
+        "SET SESSION max_statement_time = {:.3}",
+        config.statement_timeout.as_secs_f64()
+    );
+    Ok(pool_options(config)
+        .after_connect(move |conn: &mut sqlx::MySqlConnection, _| {
+            let session = AssertSqlSafe(session.clone());
+            Box::pin(async move { conn.execute(session).await.map(drop) })
+        })
+        .connect_lazy_with(options))
 }

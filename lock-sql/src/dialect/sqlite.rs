@@ -1,24 +1,24 @@
 //! SQLite: one database file in WAL mode shared by the processes of one machine.
 
-use std::str::FromStr;
+use std::time::{Duration, Instant};
 
-use lock_core::Result;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteQueryResult, SqliteSynchronous};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteQueryResult, SqliteSynchronous};
 use sqlx::{Pool, Sqlite};
 
-use super::{sql_text, RowsAffected, SqlText};
-use crate::config::{Dialect, SqlConfig};
-use crate::error::map;
+use super::{pool_options, sql_text, RowsAffected, SqlText};
+use crate::config::{self, SqlConfig};
 
 /// How long a statement waits for another process's write before it fails with
 /// "database is locked"; SQLite serialises writers, so this is queueing, not failure.
-const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest pause between attempts to switch a new database file to WAL.
+const WAL_RETRY_PAUSE: Duration = Duration::from_millis(20);
 
-pub(crate) const SQL: SqlText = sql_text!(
-    "sqlite",
-    // julianday('now') has millisecond resolution and is fixed for one statement.
-    now_ms: "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
-);
+/// julianday('now') has millisecond resolution and is fixed for one statement, so it is
+/// both the statement's start and the time a row is written.
+const NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
+
+pub(crate) const SQL: SqlText = sql_text!("sqlite", now_ms: NOW_MS, clock_ms: NOW_MS);
 
 impl RowsAffected for SqliteQueryResult {
     fn rows(&self) -> u64 {
@@ -27,16 +27,52 @@ impl RowsAffected for SqliteQueryResult {
 }
 
 /// A pool over the database file, created if missing. No connection is opened yet.
-pub(crate) fn pool(config: &SqlConfig) -> Result<Pool<Sqlite>> {
-    let options = SqliteConnectOptions::from_str("sqlite:")
-        .map_err(|err| map(Dialect::Sqlite, "configuring SQLite", err))?
-        .filename(config.target())
+pub(crate) fn pool(config: &SqlConfig, file: &str) -> Pool<Sqlite> {
+    let synchronous = match config.sqlite_synchronous {
+        config::SqliteSynchronous::Normal => SqliteSynchronous::Normal,
+        config::SqliteSynchronous::Full => SqliteSynchronous::Full,
+    };
+    let options = SqliteConnectOptions::new()
+        .filename(file)
         .create_if_missing(true)
         .busy_timeout(BUSY_TIMEOUT)
-        .journal_mode(SqliteJournalMode::Wal)
         // In WAL mode NORMAL loses no committed transaction on a process crash, only
-        // (possibly) the last ones on power loss, grants and their tokens together (see
-        // the caveats in docs.md).
-        .synchronous(SqliteSynchronous::Normal);
-    Ok(super::lazy_pool(config, options))
+        // (possibly) the last ones on power loss, grants and their tokens together; FULL
+        // loses none (see the caveats in docs.md).
+        .synchronous(synchronous);
+    pool_options(config)
+        .after_connect(|conn, _| Box::pin(use_wal(conn)))
+        .connect_lazy_with(options)
+}
+
+/// Switches the database to WAL (a no-op once any process did), retrying while the
+/// switch is refused as busy. Switching a new file reads its header and then takes the
+/// write lock; SQLite does not wait (busy timeout or not) when another process took the
+/// write lock in between, since waiting while holding the read could deadlock, so
+/// processes that open a new file together would otherwise fail now and then.
+async fn use_wal(conn: &mut SqliteConnection) -> sqlx::Result<()> {
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match sqlx::raw_sql("PRAGMA journal_mode = WAL")
+            .execute(&mut *conn)
+            .await
+        {
+            Err(err) if is_busy(&err) && started.elapsed() < BUSY_TIMEOUT => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(WAL_RETRY_PAUSE);
+            }
+            done => return done.map(drop),
+        }
+    }
+}
+
+/// SQLITE_BUSY or SQLITE_LOCKED, in any extended form.
+fn is_busy(err: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = err else {
+        return false;
+    };
+    db.code()
+        .and_then(|code| code.parse::<u32>().ok())
+        .is_some_and(|code| matches!(code & 0xff, 5 | 6))
 }
