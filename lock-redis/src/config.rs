@@ -383,34 +383,27 @@ mod tests {
 
     #[test]
     fn bad_urls_name_the_problem_without_the_password() {
-        for (url, needle, secret) in [
-            ("http://h", "unsupported scheme", None),
-            ("redis://h:x", "port", None),
-            ("redis://h/abc", "database", None),
-            ("redis://a,b", "redis+redlock", None),
-            ("redis://h?colour=red", "unknown option", None),
-            ("redis://h?key_prefix=a{b}", "key_prefix", None),
-            (
-                "redis://u:pw@h?connect_timeout_ms=0",
-                "connect_timeout_ms",
-                Some("pw@"),
-            ),
-            ("redis://:pa/ss@h:6379", "percent-encode", Some("pa/ss")),
-            ("redis://:pa?ss@h:6379", "percent-encode", Some("pa?ss")),
-            ("redis://:pa#ss@h:6379/0", "percent-encode", Some("pa#ss")),
-            ("redis://:p@ss@h", "percent-encode", Some("p@ss")),
-            (
-                "redis+redlock://:sekrit@a:1,b:2,a:1",
-                "named twice",
-                Some("sekrit"),
-            ),
-            ("redis://:sekrit@h?durable=maybe", "durable", Some("sekrit")),
+        for (url, needle) in [
+            ("http://h", "unsupported scheme"),
+            ("redis://h:x", "port"),
+            ("redis://h/abc", "database"),
+            ("redis://a,b", "redis+redlock"),
+            ("redis://h?colour=red", "unknown option"),
+            ("redis://h?key_prefix=a{b}", "key_prefix"),
+            ("redis://u:Qx7Zk9@h?connect_timeout_ms=0", "connect_timeout_ms"),
+            ("redis://:Qx7/Zk9@h:6379", "percent-encode"),
+            ("redis://:Qx7?Zk9@h:6379", "percent-encode"),
+            ("redis://:Qx7#Zk9@h:6379/0", "percent-encode"),
+            ("redis://:Qx7@Zk9@h", "percent-encode"),
+            ("redis+redlock://:Qx7Zk9@a:1,b:2,a:1", "named twice"),
+            ("redis://:Qx7Zk9@h?durable=maybe", "durable"),
         ] {
             let err = RedisConfig::from_url(url).unwrap_err();
             assert_eq!(err.kind(), ErrorKind::InvalidInput, "{url}");
             assert!(err.message().contains(needle), "{url}: {err}");
-            if let Some(secret) = secret {
-                assert!(!all_text(&err).contains(secret), "{url}: {err:?}");
+            // Neither half of a password split by a reserved character shows.
+            for part in ["Qx7", "Zk9"] {
+                assert!(!all_text(&err).contains(part), "{url}: {err:?}");
             }
         }
     }

@@ -61,6 +61,10 @@ static ATTEMPTS: AtomicU64 = AtomicU64::new(0);
 /// Pauses between tries of a clean-up on a node that did not answer.
 const CLEAN_UP_FIRST_PAUSE: Duration = Duration::from_millis(50);
 const CLEAN_UP_MAX_PAUSE: Duration = Duration::from_secs(1);
+/// How long a clean-up keeps trying a silent node: long enough to outlast a brief partition
+/// or a failover, short enough that a dead node does not keep tasks (and the client they
+/// hold) alive for a long TTL.
+const CLEAN_UP_PERSISTENCE: Duration = Duration::from_secs(60);
 
 fn majority(nodes: usize) -> usize {
     nodes / 2 + 1
@@ -184,15 +188,15 @@ impl RedlockBackend {
     /// Removes what the failed attempt `stamp` of `lease_id` took, from every node.
     ///
     /// The clean-up runs in a task of its own and retries a node that does not answer
-    /// until the entry would have expired anyway (`ttl`), so neither a caller that stops
-    /// waiting (after the node time-out, or by dropping the attempt) nor a brief partition
-    /// leaves pending entries on a minority for a whole TTL. It may therefore land after a
+    /// until the entry would have expired anyway (`ttl`, at most [`CLEAN_UP_PERSISTENCE`]),
+    /// so neither a caller that stops waiting (after the node time-out, or by dropping the
+    /// attempt) nor a brief partition leaves pending entries on a minority for a whole TTL. It may therefore land after a
     /// later attempt of the same lease has succeeded, which is why it is scoped to this
     /// attempt (discard.lua), and it tells no waiter: nothing was ever held.
     async fn abandon(&self, key: &LockKey, lease_id: LeaseId, stamp: u64, ttl: Duration) {
         let inner = Arc::clone(&self.inner);
         let (lock_key, lease) = (inner.layout.lock_key(key), lease_id.to_string());
-        let until = Instant::now() + ttl;
+        let until = Instant::now() + ttl.min(CLEAN_UP_PERSISTENCE);
         let clean_up = tokio::spawn(async move {
             join_all(inner.nodes.iter().map(|node| {
                 let (lock_key, lease) = (&lock_key, &lease);
