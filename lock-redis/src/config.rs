@@ -130,7 +130,7 @@ impl RedisConfig {
                 twice.display()
             )));
         }
-        if redlock && nodes.len() % 2 == 0 {
+        if redlock && nodes.len().is_multiple_of(2) {
             tracing::warn!(
                 nodes = nodes.len(),
                 "an even number of Redlock nodes tolerates no more failures than one node fewer"
@@ -390,7 +390,10 @@ mod tests {
             ("redis://a,b", "redis+redlock"),
             ("redis://h?colour=red", "unknown option"),
             ("redis://h?key_prefix=a{b}", "key_prefix"),
-            ("redis://u:Qx7Zk9@h?connect_timeout_ms=0", "connect_timeout_ms"),
+            (
+                "redis://u:Qx7Zk9@h?connect_timeout_ms=0",
+                "connect_timeout_ms",
+            ),
             ("redis://:Qx7/Zk9@h:6379", "percent-encode"),
             ("redis://:Qx7?Zk9@h:6379", "percent-encode"),
             ("redis://:Qx7#Zk9@h:6379/0", "percent-encode"),
