@@ -190,9 +190,10 @@ impl RedlockBackend {
     /// The clean-up runs in a task of its own and retries a node that does not answer
     /// until the entry would have expired anyway (`ttl`, at most [`CLEAN_UP_PERSISTENCE`]),
     /// so neither a caller that stops waiting (after the node time-out, or by dropping the
-    /// attempt) nor a brief partition leaves pending entries on a minority for a whole TTL. It may therefore land after a
-    /// later attempt of the same lease has succeeded, which is why it is scoped to this
-    /// attempt (discard.lua), and it tells no waiter: nothing was ever held.
+    /// attempt) nor a brief partition leaves pending entries on a minority for a whole
+    /// TTL. It may therefore land after a later attempt of the same lease has succeeded,
+    /// which is why it is scoped to this attempt (discard.lua), and it tells no waiter:
+    /// nothing was ever held.
     async fn abandon(&self, key: &LockKey, lease_id: LeaseId, stamp: u64, ttl: Duration) {
         let inner = Arc::clone(&self.inner);
         let (lock_key, lease) = (inner.layout.lock_key(key), lease_id.to_string());
@@ -289,7 +290,7 @@ impl LockBackend for RedlockBackend {
             .on_all(|_, node| {
                 let (lock_key, fence_key, lease) = (&lock_key, &fence_key, &lease);
                 async move {
-                    node.invoke::<(i64, u64, u64, String)>(
+                    node.invoke::<(i64, u64, u64)>(
                         RESERVE
                             .key(lock_key)
                             .key(fence_key)
@@ -307,11 +308,11 @@ impl LockBackend for RedlockBackend {
         let mut errors = Vec::new();
         for (node, reply) in replies.into_iter().enumerate() {
             match reply {
-                Ok((status, _, counter, _)) if status == HELD => {
+                Ok((status, _, counter)) if status == HELD => {
                     held += 1;
                     counter_max = counter_max.max(counter);
                 }
-                Ok((status, token, counter, _)) => {
+                Ok((status, token, counter)) => {
                     counter_max = counter_max.max(counter);
                     granted.push(Reserved {
                         node,

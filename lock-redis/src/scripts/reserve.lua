@@ -2,7 +2,7 @@
 -- the lease's own entry for this attempt, and report the node's fencing counter.
 -- KEYS[1] lock key, KEYS[2] fencing counter
 -- ARGV[1] lease id, ARGV[2] TTL in milliseconds, ARGV[3] the attempt's stamp
--- Returns {status, token of the entry (0 = pending), counter, stamp of the entry};
+-- Returns {status, token of the entry (0 = pending), counter};
 -- status 0 = held by another lease (or claimed by a later attempt of this one),
 -- 1 = newly taken, 2 = already this lease's.
 -- Stamps grow with each attempt of a lease, so the entry always carries the latest
@@ -13,10 +13,10 @@ local held = redis.call('GET', KEYS[1])
 if held then
   local lease, token, stamp = string.match(held, '^(%x+):(%d+):(%w+)$')
   if lease ~= ARGV[1] or (tonumber(stamp) or 0) > tonumber(ARGV[3]) then
-    return {0, 0, counter, ''}
+    return {0, 0, counter}
   end
   redis.call('SET', KEYS[1], lease .. ':' .. token .. ':' .. ARGV[3], 'PX', ARGV[2])
-  return {2, tonumber(token), counter, ARGV[3]}
+  return {2, tonumber(token), counter}
 end
 redis.call('SET', KEYS[1], ARGV[1] .. ':0:' .. ARGV[3], 'PX', ARGV[2])
-return {1, 0, counter, ARGV[3]}
+return {1, 0, counter}
