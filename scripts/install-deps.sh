@@ -12,6 +12,7 @@ needed=(
   "/usr/bin/mariadb-install-db mariadb-server"
   "/usr/include/openssl/ssl.h libssl-dev"
   "/usr/bin/pkg-config pkg-config"
+  "/usr/bin/openssl openssl"
 )
 
 missing=()

@@ -160,7 +160,10 @@ mod tests {
             let err = connect(url).await.unwrap_err();
             assert_eq!(err.kind(), ErrorKind::InvalidInput, "{url}");
             let shown = format!("{err} {err:?}");
-            assert!(!shown.contains("Zq7x") && !shown.contains("yz"), "{url}: {shown}");
+            assert!(
+                !shown.contains("Zq7x") && !shown.contains("yz"),
+                "{url}: {shown}"
+            );
         }
     }
 
