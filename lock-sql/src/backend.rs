@@ -173,8 +173,9 @@ impl SqlBackend {
         on_store!(&self.inner.store, ops => ops.stored_keys(prefix).await)
     }
 
-    /// Deletes the rows of expired leases nobody took over (crashed holders); returns how
-    /// many. Runs by itself every 1024 releases; expired rows never block anyone.
+    /// Deletes the rows of expired leases nobody took over (crashed holders), up to a
+    /// thousand per call; returns how many. Runs by itself every 1024 releases; expired
+    /// rows never block anyone.
     pub async fn sweep_expired(&self) -> Result<u64> {
         on_store!(&self.inner.store, ops => ops.sweep().await)
     }

@@ -9,9 +9,6 @@ CREATE TABLE IF NOT EXISTS {table} (
     expires_at BIGINT NOT NULL
 ) ENGINE = InnoDB;
 -- statement
--- For the sweep (sweep.sql), which would otherwise read and lock the whole table.
-CREATE INDEX IF NOT EXISTS {table}_expiry ON {table} (expires_at);
--- statement
 -- The fencing counter outlives every lock row: rows are deleted on release.
 CREATE TABLE IF NOT EXISTS {table}_tokens (
     id         TINYINT NOT NULL PRIMARY KEY,

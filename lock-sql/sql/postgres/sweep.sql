@@ -1,1 +1,1 @@
-DELETE FROM {table} WHERE expires_at <= {now}
+DELETE FROM {table} WHERE lock_key = $1 AND expires_at <= {now}

@@ -35,6 +35,7 @@ pub(crate) struct SqlText {
     pub release: &'static str,
     pub inspect: &'static str,
     pub stored_keys: &'static str,
+    pub expired: &'static str,
     pub sweep: &'static str,
     /// The database server's clock at the statement's start, in integer milliseconds
     /// since the Unix epoch.
@@ -53,6 +54,7 @@ macro_rules! sql_text {
             release: include_str!(concat!("../../sql/", $dir, "/release.sql")),
             inspect: include_str!(concat!("../../sql/", $dir, "/inspect.sql")),
             stored_keys: include_str!(concat!("../../sql/", $dir, "/stored_keys.sql")),
+            expired: include_str!(concat!("../../sql/", $dir, "/expired.sql")),
             sweep: include_str!(concat!("../../sql/", $dir, "/sweep.sql")),
             now_ms: $now,
             clock_ms: $clock,
@@ -61,8 +63,7 @@ macro_rules! sql_text {
 }
 pub(crate) use sql_text;
 
-/// Splits `migrate.sql` (and MariaDB's `sweep.sql`) into statements run one after the
-/// other on one connection.
+/// Splits `migrate.sql` into statements run one after the other on one connection.
 const STATEMENT_BREAK: &str = "-- statement";
 
 /// The statements of one dialect for one table, prepared once per backend.
@@ -74,7 +75,8 @@ pub(crate) struct Statements {
     release: SqlStr,
     inspect: SqlStr,
     stored_keys: SqlStr,
-    sweep: Vec<SqlStr>,
+    expired: SqlStr,
+    sweep: SqlStr,
 }
 
 impl Statements {
@@ -89,20 +91,20 @@ impl Statements {
             )
             .into_sql_str()
         };
-        let split = |sql: &str| {
-            sql.split(STATEMENT_BREAK)
+        Statements {
+            migrate: text
+                .migrate
+                .split(STATEMENT_BREAK)
                 .filter(|s| !s.trim().is_empty())
                 .map(fill)
-                .collect()
-        };
-        Statements {
-            migrate: split(text.migrate),
+                .collect(),
             acquire: fill(text.acquire),
             renew: fill(text.renew),
             release: fill(text.release),
             inspect: fill(text.inspect),
             stored_keys: fill(text.stored_keys),
-            sweep: split(text.sweep),
+            expired: fill(text.expired),
+            sweep: fill(text.sweep),
         }
     }
 
@@ -326,20 +328,29 @@ where
             .collect()
     }
 
-    /// Deletes expired rows (of crashed holders) that nobody took over since; the count
-    /// is the last statement's.
+    /// Deletes expired rows (of crashed holders) that nobody took over since, up to a
+    /// thousand per call. They are found by a plain read and deleted one by one, so the
+    /// sweep locks only rows it deletes: a scanning delete locks (and waits for) the live
+    /// rows it passes on MariaDB.
     pub(crate) async fn sweep(&self) -> Result<u64> {
-        let statements = self.sql.sweep.clone();
-        self.on_connection("sweeping expired leases", move |conn| {
-            Box::pin(async move {
-                let mut rows = 0;
-                for statement in statements {
-                    rows = sqlx::raw_sql(statement).execute(&mut *conn).await?.rows();
-                }
-                Ok(rows)
+        let query = sqlx::query(self.sql.expired.clone());
+        let rows = self
+            .on_connection("listing expired leases", move |conn| {
+                Box::pin(query.fetch_all(conn))
             })
-        })
-        .await
+            .await?;
+        let mut swept = 0;
+        for row in rows {
+            let key: String = row.try_get(0).map_err(self.fail("reading a key"))?;
+            let query = sqlx::query(self.sql.sweep.clone()).bind(key);
+            swept += self
+                .on_connection("sweeping an expired lease", move |conn| {
+                    Box::pin(query.execute(conn))
+                })
+                .await?
+                .rows();
+        }
+        Ok(swept)
     }
 
     /// Runs a statement of one dialect's own (a check, a notification) within the same

@@ -1,0 +1,474 @@
+//! The lock statements when they wait for database locks held by another transaction:
+//! a grant that waited longer than its TTL is not written already over, a takeover's
+//! token is drawn under the row lock, a retried grant or a renewal never shortens the
+//! expiry, a release waits for every attempt of its lease still running, and the MariaDB
+//! sweep does not wait for locks on live rows.
+//!
+//! The other transaction is a plain sqlx connection of the test's own; where the test
+//! waits for a statement to be blocked, it watches the server's lock tables.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use conformance_tests::{eventually, within, Failure};
+use lock_core::{AcquireRequest, ErrorKind, LeaseId, LockBackend, LockKey};
+use sqlx::{Connection, Executor, MySqlConnection, PgConnection, Row};
+
+mod support;
+use support::Database;
+
+const TTL: Duration = Duration::from_millis(100);
+/// How long the other transaction holds its lock: well past the TTL.
+const HOLD: Duration = Duration::from_millis(400);
+const DRIFT: Duration = Duration::from_millis(1);
+
+fn key(name: &str) -> LockKey {
+    LockKey::new(format!("{name}/{}", LeaseId::random())).unwrap()
+}
+
+fn request(key: &LockKey, ttl: Duration, lease: LeaseId) -> AcquireRequest {
+    AcquireRequest::new(key.clone(), ttl, DRIFT).with_lease_id(lease)
+}
+
+/// Waits until some session of the server waits for a lock; returns one waiting
+/// session's process id (PostgreSQL) or transaction id (MariaDB). `attempt` is the
+/// statement expected to wait, named when it finished instead.
+async fn blocked_session<T: std::fmt::Debug>(
+    db: &Database,
+    attempt: &mut tokio::task::JoinHandle<T>,
+) -> i64 {
+    let mut observer = AnyConn::observer(db).await;
+    let sql = if db.name == "postgres" {
+        "SELECT pid::bigint FROM pg_locks WHERE NOT granted LIMIT 1"
+    } else {
+        "SELECT CAST(requesting_trx_id AS SIGNED) FROM information_schema.innodb_lock_waits \
+         LIMIT 1"
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(session) = observer.fetch_i64(sql).await {
+            return session;
+        }
+        if attempt.is_finished() {
+            panic!(
+                "the statement did not wait for the lock: {:?}",
+                attempt.await
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no statement waited for the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A raw connection of either server dialect.
+enum AnyConn {
+    Pg(PgConnection),
+    My(MySqlConnection),
+}
+
+impl AnyConn {
+    async fn open(db: &Database) -> Self {
+        if db.name == "postgres" {
+            AnyConn::Pg(PgConnection::connect(&db.url).await.unwrap())
+        } else {
+            AnyConn::My(MySqlConnection::connect(&db.url).await.unwrap())
+        }
+    }
+
+    /// A connection that may read the server's lock tables (MariaDB's need the PROCESS
+    /// privilege, which the test user lacks).
+    async fn observer(db: &Database) -> Self {
+        if db.name == "postgres" {
+            Self::open(db).await
+        } else {
+            let port = db.server.as_ref().unwrap().port();
+            let url = format!("mysql://root@127.0.0.1:{port}/distlock");
+            AnyConn::My(MySqlConnection::connect(&url).await.unwrap())
+        }
+    }
+
+    async fn run(&mut self, sql: &str) {
+        let sql = sqlx::AssertSqlSafe(sql.to_owned());
+        match self {
+            AnyConn::Pg(conn) => drop(conn.execute(sql).await.unwrap()),
+            AnyConn::My(conn) => drop(conn.execute(sql).await.unwrap()),
+        }
+    }
+
+    fn fetch_i64(
+        &mut self,
+        sql: &'static str,
+    ) -> impl std::future::Future<Output = Option<i64>> + '_ {
+        async move {
+            match self {
+                AnyConn::Pg(conn) => sqlx::query(sql)
+                    .fetch_optional(conn)
+                    .await
+                    .unwrap()
+                    .map(|row| row.get(0)),
+                AnyConn::My(conn) => sqlx::query(sql)
+                    .fetch_optional(conn)
+                    .await
+                    .unwrap()
+                    .map(|row| row.get(0)),
+            }
+        }
+    }
+}
+
+/// Another transaction holds the key's row (an uncommitted row of an expired lease)
+/// for longer than the TTL while an acquire waits for it: the grant's expiry counts from
+/// when it was written, so the lease is live when the grant returns.
+async fn grant_after_a_long_lock_wait_is_not_born_expired(db: Database) {
+    let backend = db.backend().await;
+    let key = key("long-wait");
+    let mut other = AnyConn::open(&db).await;
+    other.run("BEGIN").await;
+    other
+        .run(&format!(
+            "INSERT INTO distlock_locks (lock_key, lease_id, token, expires_at) \
+             VALUES ('{}', '{}', 1, 0)",
+            key.as_str(),
+            LeaseId::random()
+        ))
+        .await;
+    let lease = LeaseId::random();
+    let mut attempt = tokio::spawn({
+        let backend = backend.clone();
+        let request = request(&key, TTL, lease);
+        async move { backend.try_acquire(&request).await }
+    });
+    blocked_session(&db, &mut attempt).await;
+    let held_from = Instant::now();
+    tokio::time::sleep(HOLD).await;
+    other.run("COMMIT").await;
+    let granted = within(Duration::from_secs(5), "the acquire", attempt)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(held_from.elapsed() >= HOLD);
+    match granted {
+        Ok(Some(_)) => {
+            let info = backend
+                .inspect(&key)
+                .await
+                .unwrap()
+                .expect("a grant returned after a long lock wait was already expired");
+            assert_eq!(info.lease_id, lease);
+        }
+        // Where the expiry is computed before a wait, the backend must refuse the grant.
+        Err(err) => assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}"),
+        Ok(None) => panic!("the expired row was not taken over"),
+    }
+    backend.release(&key, lease).await.unwrap();
+}
+
+/// MariaDB's insert of a new key waits for the token counter (another transaction holds
+/// it longer than the TTL): the grant is either live when it returns or refused as
+/// unanswered, never handed out expired.
+async fn grant_after_a_long_counter_wait_is_not_handed_out_expired(db: Database) {
+    let backend = db.backend().await;
+    let key = key("counter-wait");
+    let mut other = AnyConn::open(&db).await;
+    other.run("BEGIN").await;
+    other
+        .run("UPDATE distlock_locks_tokens SET last_token = last_token WHERE id = 1")
+        .await;
+    let lease = LeaseId::random();
+    let mut attempt = tokio::spawn({
+        let backend = backend.clone();
+        let request = request(&key, TTL, lease);
+        async move { backend.try_acquire(&request).await }
+    });
+    blocked_session(&db, &mut attempt).await;
+    tokio::time::sleep(HOLD).await;
+    other.run("COMMIT").await;
+    let granted = within(Duration::from_secs(5), "the acquire", attempt)
+        .await
+        .unwrap()
+        .unwrap();
+    match granted {
+        Ok(Some(_)) => {
+            let info = backend.inspect(&key).await.unwrap();
+            assert!(
+                info.is_some_and(|info| info.lease_id == lease),
+                "a grant was handed out already expired"
+            );
+        }
+        Err(err) => assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}"),
+        Ok(None) => panic!("a free key was not granted"),
+    }
+    backend.release(&key, lease).await.unwrap();
+}
+
+/// PostgreSQL: an acquire waits for the row of an expired lease while, under that row's
+/// lock, a rival's grant is written with a token drawn after the waiting statement
+/// started (and an expiry already past: a stalled writer). The waiting acquire then takes
+/// the row over; its token must be drawn under the row lock, so it is greater.
+async fn takeover_token_is_drawn_under_the_row_lock(db: Database) {
+    let backend = db.backend().await;
+    let key = key("token-order");
+    let mut setup = AnyConn::open(&db).await;
+    setup
+        .run(&format!(
+            "INSERT INTO distlock_locks (lock_key, lease_id, token, expires_at) \
+             VALUES ('{}', '{}', nextval('distlock_locks_tokens'), 0)",
+            key.as_str(),
+            LeaseId::random()
+        ))
+        .await;
+    let mut rival = AnyConn::open(&db).await;
+    rival.run("BEGIN").await;
+    rival
+        .run(&format!(
+            "SELECT 1 FROM distlock_locks WHERE lock_key = '{}' FOR UPDATE",
+            key.as_str()
+        ))
+        .await;
+    let lease = LeaseId::random();
+    let mut attempt = tokio::spawn({
+        let backend = backend.clone();
+        let request = request(&key, Duration::from_secs(30), lease);
+        async move { backend.try_acquire(&request).await }
+    });
+    blocked_session(&db, &mut attempt).await;
+    let AnyConn::Pg(conn) = &mut rival else {
+        unreachable!()
+    };
+    let rival_token: i64 = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE distlock_locks SET lease_id = '{}', token = nextval('distlock_locks_tokens'), \
+         expires_at = 0 WHERE lock_key = '{}' RETURNING token",
+        LeaseId::random(),
+        key.as_str()
+    )))
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap()
+    .get(0);
+    rival.run("COMMIT").await;
+    let token = within(Duration::from_secs(5), "the acquire", attempt)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap()
+        .expect("the expired row was taken over");
+    assert!(
+        token.get() > rival_token as u64,
+        "takeover token {token:?} is not above the rival's {rival_token}, granted before it"
+    );
+    backend.release(&key, lease).await.unwrap();
+}
+
+/// A retried grant of the same lease with a shorter TTL (an older attempt landing after
+/// a newer one), and a renewal with a shorter TTL, leave the longer expiry in place.
+async fn regrant_and_renewal_never_shorten_the_expiry(db: Database) {
+    let backend = db.backend().await;
+    let key = key("never-shorter");
+    let lease = LeaseId::random();
+    let long = Duration::from_secs(60);
+    let first = backend
+        .try_acquire(&request(&key, long, lease))
+        .await
+        .unwrap()
+        .unwrap();
+    let again = backend
+        .try_acquire(&request(&key, Duration::from_millis(50), lease))
+        .await
+        .unwrap();
+    assert_eq!(
+        again,
+        Some(first),
+        "a retry of the same lease keeps its token"
+    );
+    let remaining = |info: Option<lock_core::LockInfo>| info.unwrap().remaining_ttl;
+    let left = remaining(backend.inspect(&key).await.unwrap());
+    assert!(
+        left > long / 2,
+        "the re-grant shortened the expiry to {left:?}"
+    );
+    assert!(backend
+        .renew(&key, lease, Duration::from_millis(50))
+        .await
+        .unwrap());
+    let left = remaining(backend.inspect(&key).await.unwrap());
+    assert!(
+        left > long / 2,
+        "the renewal shortened the expiry to {left:?}"
+    );
+    assert!(backend.release(&key, lease).await.unwrap());
+}
+
+/// PostgreSQL: two attempts of one lease run at once; the first is stuck (its server
+/// process frozen right after it found the key's row being inserted by another
+/// transaction), the second is granted. A release of the lease must wait for the first
+/// attempt too: otherwise that attempt lands on the freed key afterwards and holds it
+/// for a TTL in the name of a lease nobody holds.
+async fn release_waits_for_every_attempt_of_the_lease(db: Database) {
+    let backend = db.backend().await;
+    let key = key("attempts");
+    let lease = LeaseId::random();
+    let ttl = Duration::from_secs(30);
+    let mut other = AnyConn::open(&db).await;
+    other.run("BEGIN").await;
+    other
+        .run(&format!(
+            "INSERT INTO distlock_locks (lock_key, lease_id, token, expires_at) \
+             VALUES ('{}', '{}', 1, 0)",
+            key.as_str(),
+            LeaseId::random()
+        ))
+        .await;
+    let mut first = tokio::spawn({
+        let backend = backend.clone();
+        let request = request(&key, ttl, lease);
+        async move { backend.try_acquire(&request).await }
+    });
+    let stuck = Frozen::stop(blocked_session(&db, &mut first).await);
+    // The first attempt, frozen, does not see the insert go away.
+    other.run("ROLLBACK").await;
+    let second = backend.try_acquire(&request(&key, ttl, lease)).await;
+    assert!(matches!(second, Ok(Some(_))), "{second:?}");
+    let mut release = tokio::spawn({
+        let backend = backend.clone();
+        let key = key.clone();
+        async move { backend.release(&key, lease).await }
+    });
+    let early = tokio::time::timeout(Duration::from_millis(500), &mut release).await;
+    assert!(
+        early.is_err(),
+        "the release finished while an attempt of its lease was still running: {early:?}"
+    );
+    drop(stuck);
+    within(Duration::from_secs(5), "the first attempt", first)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    within(Duration::from_secs(5), "the release", release)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        backend.inspect(&key).await.unwrap(),
+        None,
+        "an attempt landed after the release"
+    );
+}
+
+/// A server process stopped with SIGSTOP until dropped.
+struct Frozen(String);
+
+impl Frozen {
+    fn stop(pid: i64) -> Self {
+        let frozen = Frozen(pid.to_string());
+        frozen.signal("-STOP");
+        frozen
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = std::process::Command::new("kill")
+            .args([signal, &self.0])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {signal} {}", self.0);
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        self.signal("-CONT");
+    }
+}
+
+/// MariaDB: another transaction holds the row of a live lease; the sweep of expired rows
+/// neither waits for it nor blocks an acquire of another key.
+async fn sweep_does_not_wait_for_live_rows(db: Database) {
+    let backend = db.backend().await;
+    let live = key("sweep-live");
+    let lease = LeaseId::random();
+    backend
+        .try_acquire(&request(&live, Duration::from_secs(60), lease))
+        .await
+        .unwrap()
+        .unwrap();
+    let expired = key("sweep-expired");
+    let gone = LeaseId::random();
+    backend
+        .try_acquire(&request(&expired, Duration::from_millis(10), gone))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut other = AnyConn::open(&db).await;
+    other.run("BEGIN").await;
+    other
+        .run(&format!(
+            "SELECT 1 FROM distlock_locks WHERE lock_key = '{}' FOR UPDATE",
+            live.as_str()
+        ))
+        .await;
+    eventually(
+        Duration::from_secs(2),
+        "the short lease expires",
+        || async { Ok::<_, Failure>(backend.inspect(&expired).await?.is_none()) },
+    )
+    .await
+    .unwrap();
+    let swept = within(Duration::from_secs(2), "the sweep", backend.sweep_expired())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(swept >= 1);
+    other.run("COMMIT").await;
+    assert!(backend.release(&live, lease).await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_grant_after_a_long_lock_wait_is_not_born_expired() {
+    grant_after_a_long_lock_wait_is_not_born_expired(Database::postgres().await.unwrap()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_grant_after_a_long_lock_wait_is_not_born_expired() {
+    grant_after_a_long_lock_wait_is_not_born_expired(Database::mariadb().await.unwrap()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_grant_after_a_long_counter_wait_is_not_handed_out_expired() {
+    grant_after_a_long_counter_wait_is_not_handed_out_expired(Database::mariadb().await.unwrap())
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_takeover_token_is_drawn_under_the_row_lock() {
+    takeover_token_is_drawn_under_the_row_lock(Database::postgres().await.unwrap()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_regrant_and_renewal_never_shorten_the_expiry() {
+    regrant_and_renewal_never_shorten_the_expiry(Database::postgres().await.unwrap()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_regrant_and_renewal_never_shorten_the_expiry() {
+    regrant_and_renewal_never_shorten_the_expiry(Database::mariadb().await.unwrap()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_regrant_and_renewal_never_shorten_the_expiry() {
+    regrant_and_renewal_never_shorten_the_expiry(Database::sqlite().await.unwrap()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_release_waits_for_every_attempt_of_the_lease() {
+    release_waits_for_every_attempt_of_the_lease(Database::postgres().await.unwrap()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_sweep_does_not_wait_for_live_rows() {
+    sweep_does_not_wait_for_live_rows(Database::mariadb().await.unwrap()).await;
+}
