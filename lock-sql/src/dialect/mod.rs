@@ -183,7 +183,7 @@ where
             .pool
             .acquire()
             .await
-            .map_err(self.fail(&format!("connecting to {doing}")))?;
+            .map_err(self.fail(&format!("{doing} (connecting)")))?;
         let answer = tokio::time::timeout(self.answer_within, statement(&mut conn)).await;
         match answer {
             Ok(Ok(value)) => Ok(value),
