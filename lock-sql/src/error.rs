@@ -35,12 +35,13 @@ fn classify(dialect: Dialect, err: &sqlx::Error) -> (ErrorKind, &'static str) {
         | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed
         | sqlx::Error::BeginFailed => (ErrorKind::Unavailable, UNREACHABLE),
-        // A certificate that is not trusted or does not match, or a server without TLS:
-        // retrying cannot help.
+        // A certificate that is not trusted or does not match, a server without TLS, or
+        // TLS asked of a build without it: retrying cannot help.
         sqlx::Error::Tls(_) => (
             ErrorKind::Misconfigured,
-            "TLS could not be set up (an untrusted or mismatched certificate, or a server \
-             without TLS): check the URL's sslmode and certificate options",
+            "TLS could not be set up (no TLS support built into the driver, an untrusted or \
+             mismatched certificate, or a server without TLS): check the URL's sslmode and \
+             certificate options",
         ),
         sqlx::Error::Configuration(_) | sqlx::Error::InvalidArgument(_) => (
             ErrorKind::InvalidInput,

@@ -80,6 +80,69 @@ async fn partition_longer_than_ttl(db: Database) {
     assert!(taken.release().await.unwrap());
 }
 
+/// Statements whose answers a partition swallows must not keep their pool connections:
+/// every connection of the holder's pool is busy with an acquire (waiting for rows
+/// another transaction is inserting) when a black hole opens; the callers give up, the
+/// partition heals, and locking through the same backend works again at once, twenty
+/// times in a row, instead of finding the pool exhausted for ever.
+async fn partition_swallowing_answers_frees_the_pool(db: Database) {
+    const POOL: usize = 3;
+    let proxy = TcpFaultProxy::start(db.server.as_ref().unwrap().addr())
+        .await
+        .unwrap();
+    let url = support::url_with(
+        &db.url_via(proxy.addr().port()),
+        &format!("pool_size={POOL}&statement_timeout_ms=1000&connect_timeout_ms=1000"),
+    );
+    let holder = client(lock_sql::connect(&url).await.unwrap());
+    let prefix = format!("swallowed/{:x}", fastrand_u64());
+    let mut other = support::RawConnection::open(&db).await;
+    other.run("BEGIN").await;
+    for n in 0..POOL {
+        other
+            .run(&format!(
+                "INSERT INTO distlock_locks (lock_key, lease_id, token, expires_at) \
+                 VALUES ('{prefix}/{n}', '{}', 1, 0)",
+                lock_core::LeaseId::random()
+            ))
+            .await;
+    }
+    let attempts: Vec<_> = (0..POOL)
+        .map(|n| {
+            let holder = holder.clone();
+            let key = format!("{prefix}/{n}");
+            tokio::spawn(async move { holder.try_lock(&key).await.map(drop) })
+        })
+        .collect();
+    support::RawConnection::wait_for_lock_waits(&db, POOL).await;
+    proxy.set_mode(ProxyMode::BlackHole);
+    other.run("ROLLBACK").await;
+    for attempt in attempts {
+        let outcome = within(
+            Duration::from_secs(5),
+            "an attempt in the partition",
+            attempt,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert!(outcome.is_err(), "an answer crossed the black hole");
+    }
+    proxy.set_mode(ProxyMode::Pass);
+    let key = format!("{prefix}/after");
+    for round in 0..20 {
+        let guard = within(
+            Duration::from_secs(6),
+            &format!("lock/release cycle {round} after the partition"),
+            holder.lock(&key).wait_up_to(Duration::from_secs(5)),
+        )
+        .await
+        .unwrap()
+        .unwrap_or_else(|err| panic!("cycle {round}: {err}"));
+        assert!(guard.release().await.unwrap());
+    }
+}
+
 /// A frozen server makes a bounded lock attempt fail with a retryable "unavailable"
 /// within its bound; once the server runs again, locking works.
 async fn frozen_server(db: Database) {
@@ -237,6 +300,14 @@ macro_rules! server_tests {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn partition_longer_than_ttl() {
                 super::partition_longer_than_ttl(Database::$start().await.unwrap()).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn partition_swallowing_answers_frees_the_pool() {
+                super::partition_swallowing_answers_frees_the_pool(
+                    Database::$start().await.unwrap(),
+                )
+                .await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 
 use conformance_tests::{eventually, within, Failure};
 use lock_core::{AcquireRequest, ErrorKind, LeaseId, LockBackend, LockKey};
-use sqlx::{Connection, Executor, MySqlConnection, PgConnection, Row};
+use sqlx::Row;
 
 mod support;
-use support::Database;
+use support::{Database, RawConnection};
 
 const TTL: Duration = Duration::from_millis(100);
 /// How long the other transaction holds its lock: well past the TTL.
@@ -31,93 +31,15 @@ fn request(key: &LockKey, ttl: Duration, lease: LeaseId) -> AcquireRequest {
     AcquireRequest::new(key.clone(), ttl, DRIFT).with_lease_id(lease)
 }
 
-/// Waits until some session of the server waits for a lock; returns one waiting
-/// session's process id (PostgreSQL) or transaction id (MariaDB). `attempt` is the
-/// statement expected to wait, named when it finished instead.
-async fn blocked_session<T: std::fmt::Debug>(
-    db: &Database,
-    attempt: &mut tokio::task::JoinHandle<T>,
-) -> i64 {
-    let mut observer = AnyConn::observer(db).await;
-    let sql = if db.name == "postgres" {
-        "SELECT pid::bigint FROM pg_locks WHERE NOT granted LIMIT 1"
-    } else {
-        "SELECT CAST(requesting_trx_id AS SIGNED) FROM information_schema.innodb_lock_waits \
-         LIMIT 1"
+/// Waits until a statement waits for a lock; returns its server process id (PostgreSQL).
+async fn blocked_session(db: &Database) -> i64 {
+    RawConnection::wait_for_lock_waits(db, 1).await;
+    let mut observer = RawConnection::observer(db).await;
+    let sql = match db.name {
+        "postgres" => "SELECT pid::bigint FROM pg_locks WHERE NOT granted LIMIT 1",
+        _ => "SELECT 0",
     };
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        if let Some(session) = observer.fetch_i64(sql).await {
-            return session;
-        }
-        if attempt.is_finished() {
-            panic!(
-                "the statement did not wait for the lock: {:?}",
-                attempt.await
-            );
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no statement waited for the lock"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// A raw connection of either server dialect.
-enum AnyConn {
-    Pg(PgConnection),
-    My(MySqlConnection),
-}
-
-impl AnyConn {
-    async fn open(db: &Database) -> Self {
-        if db.name == "postgres" {
-            AnyConn::Pg(PgConnection::connect(&db.url).await.unwrap())
-        } else {
-            AnyConn::My(MySqlConnection::connect(&db.url).await.unwrap())
-        }
-    }
-
-    /// A connection that may read the server's lock tables (MariaDB's need the PROCESS
-    /// privilege, which the test user lacks).
-    async fn observer(db: &Database) -> Self {
-        if db.name == "postgres" {
-            Self::open(db).await
-        } else {
-            let port = db.server.as_ref().unwrap().port();
-            let url = format!("mysql://root@127.0.0.1:{port}/distlock");
-            AnyConn::My(MySqlConnection::connect(&url).await.unwrap())
-        }
-    }
-
-    async fn run(&mut self, sql: &str) {
-        let sql = sqlx::AssertSqlSafe(sql.to_owned());
-        match self {
-            AnyConn::Pg(conn) => drop(conn.execute(sql).await.unwrap()),
-            AnyConn::My(conn) => drop(conn.execute(sql).await.unwrap()),
-        }
-    }
-
-    fn fetch_i64(
-        &mut self,
-        sql: &'static str,
-    ) -> impl std::future::Future<Output = Option<i64>> + '_ {
-        async move {
-            match self {
-                AnyConn::Pg(conn) => sqlx::query(sql)
-                    .fetch_optional(conn)
-                    .await
-                    .unwrap()
-                    .map(|row| row.get(0)),
-                AnyConn::My(conn) => sqlx::query(sql)
-                    .fetch_optional(conn)
-                    .await
-                    .unwrap()
-                    .map(|row| row.get(0)),
-            }
-        }
-    }
+    observer.fetch_i64(sql).await.unwrap()
 }
 
 /// Another transaction holds the key's row (an uncommitted row of an expired lease)
@@ -126,7 +48,7 @@ impl AnyConn {
 async fn grant_after_a_long_lock_wait_is_not_born_expired(db: Database) {
     let backend = db.backend().await;
     let key = key("long-wait");
-    let mut other = AnyConn::open(&db).await;
+    let mut other = RawConnection::open(&db).await;
     other.run("BEGIN").await;
     other
         .run(&format!(
@@ -137,12 +59,12 @@ async fn grant_after_a_long_lock_wait_is_not_born_expired(db: Database) {
         ))
         .await;
     let lease = LeaseId::random();
-    let mut attempt = tokio::spawn({
+    let attempt = tokio::spawn({
         let backend = backend.clone();
         let request = request(&key, TTL, lease);
         async move { backend.try_acquire(&request).await }
     });
-    blocked_session(&db, &mut attempt).await;
+    blocked_session(&db).await;
     let held_from = Instant::now();
     tokio::time::sleep(HOLD).await;
     other.run("COMMIT").await;
@@ -173,18 +95,18 @@ async fn grant_after_a_long_lock_wait_is_not_born_expired(db: Database) {
 async fn grant_after_a_long_counter_wait_is_not_handed_out_expired(db: Database) {
     let backend = db.backend().await;
     let key = key("counter-wait");
-    let mut other = AnyConn::open(&db).await;
+    let mut other = RawConnection::open(&db).await;
     other.run("BEGIN").await;
     other
         .run("UPDATE distlock_locks_tokens SET last_token = last_token WHERE id = 1")
         .await;
     let lease = LeaseId::random();
-    let mut attempt = tokio::spawn({
+    let attempt = tokio::spawn({
         let backend = backend.clone();
         let request = request(&key, TTL, lease);
         async move { backend.try_acquire(&request).await }
     });
-    blocked_session(&db, &mut attempt).await;
+    blocked_session(&db).await;
     tokio::time::sleep(HOLD).await;
     other.run("COMMIT").await;
     let granted = within(Duration::from_secs(5), "the acquire", attempt)
@@ -212,7 +134,7 @@ async fn grant_after_a_long_counter_wait_is_not_handed_out_expired(db: Database)
 async fn takeover_token_is_drawn_under_the_row_lock(db: Database) {
     let backend = db.backend().await;
     let key = key("token-order");
-    let mut setup = AnyConn::open(&db).await;
+    let mut setup = RawConnection::open(&db).await;
     setup
         .run(&format!(
             "INSERT INTO distlock_locks (lock_key, lease_id, token, expires_at) \
@@ -221,7 +143,7 @@ async fn takeover_token_is_drawn_under_the_row_lock(db: Database) {
             LeaseId::random()
         ))
         .await;
-    let mut rival = AnyConn::open(&db).await;
+    let mut rival = RawConnection::open(&db).await;
     rival.run("BEGIN").await;
     rival
         .run(&format!(
@@ -230,13 +152,13 @@ async fn takeover_token_is_drawn_under_the_row_lock(db: Database) {
         ))
         .await;
     let lease = LeaseId::random();
-    let mut attempt = tokio::spawn({
+    let attempt = tokio::spawn({
         let backend = backend.clone();
         let request = request(&key, Duration::from_secs(30), lease);
         async move { backend.try_acquire(&request).await }
     });
-    blocked_session(&db, &mut attempt).await;
-    let AnyConn::Pg(conn) = &mut rival else {
+    blocked_session(&db).await;
+    let RawConnection::Postgres(conn) = &mut rival else {
         unreachable!()
     };
     let rival_token: i64 = sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -312,7 +234,7 @@ async fn release_waits_for_every_attempt_of_the_lease(db: Database) {
     let key = key("attempts");
     let lease = LeaseId::random();
     let ttl = Duration::from_secs(30);
-    let mut other = AnyConn::open(&db).await;
+    let mut other = RawConnection::open(&db).await;
     other.run("BEGIN").await;
     other
         .run(&format!(
@@ -322,12 +244,12 @@ async fn release_waits_for_every_attempt_of_the_lease(db: Database) {
             LeaseId::random()
         ))
         .await;
-    let mut first = tokio::spawn({
+    let first = tokio::spawn({
         let backend = backend.clone();
         let request = request(&key, ttl, lease);
         async move { backend.try_acquire(&request).await }
     });
-    let stuck = Frozen::stop(blocked_session(&db, &mut first).await);
+    let stuck = Frozen::stop(blocked_session(&db).await);
     // The first attempt, frozen, does not see the insert go away.
     other.run("ROLLBACK").await;
     let second = backend.try_acquire(&request(&key, ttl, lease)).await;
@@ -403,7 +325,7 @@ async fn sweep_does_not_wait_for_live_rows(db: Database) {
         .await
         .unwrap()
         .unwrap();
-    let mut other = AnyConn::open(&db).await;
+    let mut other = RawConnection::open(&db).await;
     other.run("BEGIN").await;
     other
         .run(&format!(

@@ -78,26 +78,28 @@ async fn postgres_sequence_with_a_cache_is_refused() {
 async fn postgres_pool_of_one_connection_works() {
     let db = Database::postgres().await.unwrap();
     let url = db.url_with("pool_size=1&connect_timeout_ms=2000");
-    let backend = within(Duration::from_secs(10), "connecting", lock_sql::connect(&url))
-        .await
-        .unwrap()
-        .unwrap();
+    let backend = within(
+        Duration::from_secs(10),
+        "connecting",
+        lock_sql::connect(&url),
+    )
+    .await
+    .unwrap()
+    .unwrap();
     let holder = LockClient::new(backend.clone());
     let waiter = LockClient::new(backend);
     let guard = within(Duration::from_secs(10), "locking", holder.lock("one"))
         .await
         .unwrap()
         .unwrap();
-    let waiting = tokio::spawn(async move {
-        waiter
-            .lock("one")
-            .wait_up_to(Duration::from_secs(10))
+    let waiting =
+        tokio::spawn(async move { waiter.lock("one").wait_up_to(Duration::from_secs(10)).await });
+    assert!(
+        within(Duration::from_secs(10), "releasing", guard.release())
             .await
-    });
-    assert!(within(Duration::from_secs(10), "releasing", guard.release())
-        .await
-        .unwrap()
-        .unwrap());
+            .unwrap()
+            .unwrap()
+    );
     let next = within(Duration::from_secs(10), "the waiter", waiting)
         .await
         .unwrap()
