@@ -11,6 +11,6 @@ ON CONFLICT (lock_key) DO UPDATE SET
     lease_id = EXCLUDED.lease_id,
     expires_at = GREATEST(
         CASE WHEN held.lease_id = EXCLUDED.lease_id THEN held.expires_at ELSE 0 END,
-        {clock} + $4)
+        {clock} + $3)
 WHERE held.expires_at <= {now} OR held.lease_id = EXCLUDED.lease_id
 RETURNING lease_id, token, expires_at - {clock} AS remaining_ms

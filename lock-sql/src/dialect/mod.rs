@@ -229,12 +229,9 @@ where
         ttl_ms: i64,
     ) -> Result<Option<FencingToken>> {
         let lease = lease_id.to_string();
-        // The TTL twice: for an inserted row, and for a row taken over or refreshed
-        // (MariaDB's parameters are positional only).
         let query = sqlx::query(self.sql.acquire.clone())
             .bind(key.as_str().to_owned())
             .bind(lease.clone())
-            .bind(ttl_ms)
             .bind(ttl_ms);
         let row = self
             .on_connection("acquire", move |conn| Box::pin(query.fetch_optional(conn)))
@@ -252,7 +249,7 @@ where
             return Ok(None);
         }
         if remaining <= 0 {
-            // Only where the expiry is written before a wait (MariaDB's insert waits for
+            // Only where the expiry is computed before a wait (MariaDB's insert waits for
             // the token counter after computing it): the grant is over already, so it
             // counts as unanswered and the caller retries the same lease.
             return Err(Error::new(
