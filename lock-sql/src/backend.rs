@@ -90,23 +90,25 @@ impl SqlBackend {
     pub fn new(config: SqlConfig) -> Result<Self> {
         crate::config::validate_table(&config.table)?;
         let dialect = config.dialect();
+        // PostgreSQL's LISTEN connection, with the same connect options as the pool's.
         #[cfg(feature = "postgres")]
-        let mut listener = None;
+        let listener = (dialect == Dialect::Postgres)
+            .then(|| {
+                postgres::connect_options(&config)
+                    .map(|options| postgres::Listener::new(&config, options))
+            })
+            .transpose()?;
         let store = match (dialect, config.file()) {
             #[cfg(feature = "sqlite")]
             (Dialect::Sqlite, Some(file)) => {
                 Store::Sqlite(Ops::new(sqlite::pool(&config, file), &sqlite::SQL, &config))
             }
             #[cfg(feature = "postgres")]
-            (Dialect::Postgres, _) => {
-                let options = postgres::connect_options(&config)?;
-                listener = Some(postgres::Listener::new(&config, options.clone()));
-                Store::Postgres(Ops::new(
-                    postgres::pool(&config, options),
-                    &postgres::SQL,
-                    &config,
-                ))
-            }
+            (Dialect::Postgres, _) => Store::Postgres(Ops::new(
+                postgres::pool(&config, postgres::connect_options(&config)?),
+                &postgres::SQL,
+                &config,
+            )),
             #[cfg(feature = "mysql")]
             (Dialect::MySql, _) => {
                 Store::MySql(Ops::new(mysql::pool(&config)?, &mysql::SQL, &config))

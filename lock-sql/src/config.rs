@@ -285,6 +285,7 @@ impl SqlConfig {
 
     /// The server URL (PostgreSQL, MySQL) without a password parameter, and the
     /// password; never log the password.
+    #[cfg(any(feature = "postgres", feature = "mysql", test))]
     pub(crate) fn server(&self) -> Option<(&StoreUrl, Option<&str>)> {
         match &self.location {
             Location::Server { url, password } => Some((url, password.as_deref())),

@@ -32,10 +32,13 @@ pub use config::{Dialect, SqlConfig, SqliteSynchronous, SCHEMES};
 ///
 /// `sqlite:///abs/path.db` or `sqlite://relative.db` (the file is created if missing),
 /// `postgres://` / `postgresql://`, `mysql://` / `mariadb://`; the query may set `table`,
-/// `pool_size` and `connect_timeout_ms` (see [`SqlConfig`]). A malformed URL is
+/// `pool_size`, `connect_timeout_ms`, `statement_timeout_ms` and, for SQLite,
+/// `synchronous` (see [`SqlConfig`]). Reserved characters in the password must be
+/// percent-encoded. A malformed URL is
 /// [`InvalidInput`](lock_core::ErrorKind::InvalidInput), an unreachable database
 /// [`Unavailable`](lock_core::ErrorKind::Unavailable), refused credentials
-/// [`PermissionDenied`](lock_core::ErrorKind::PermissionDenied).
+/// [`PermissionDenied`](lock_core::ErrorKind::PermissionDenied), a missing database or a
+/// table of another shape [`Misconfigured`](lock_core::ErrorKind::Misconfigured).
 pub async fn connect(url: &str) -> lock_core::Result<SqlBackend> {
     SqlBackend::connect(SqlConfig::from_url(url)?).await
 }

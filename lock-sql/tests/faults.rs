@@ -292,6 +292,57 @@ fn malformed_urls_are_invalid_input() {
     }
 }
 
+/// Everything a caller could print about an error: message, `Debug`, source chain.
+fn shown(err: &lock_core::Error) -> String {
+    let mut text = format!("{err} {err:?}");
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        text.push_str(&format!(" {cause} {cause:?}"));
+        source = cause.source();
+    }
+    text
+}
+
+/// Passwords with reserved characters (percent-encoded, as the docs require) or given as
+/// `?password=` never show in a backend's or client's `Debug`, nor in the errors of a
+/// connection that fails; generated ones included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_never_show() {
+    let port = support::closed_port();
+    let mut rng = fastrand::Rng::with_seed(0x9a55);
+    let mut passwords = vec!["p#ss/w?rd@x".to_owned(), "hunter2".to_owned()];
+    passwords.extend((0..8).map(|_| {
+        let tail: String = (0..10)
+            .map(|_| ['a', '/', '?', '#', '@', ':', '%', '&', ' ', 'é'][rng.usize(..10)])
+            .collect();
+        format!("Zq7{tail}")
+    }));
+    for password in passwords {
+        let encoded =
+            percent_encoding::utf8_percent_encode(&password, percent_encoding::NON_ALPHANUMERIC)
+                .to_string();
+        for url in [
+            format!("postgres://u:{encoded}@127.0.0.1:{port}/db"),
+            format!("postgres://u@127.0.0.1:{port}/db?password={encoded}"),
+            format!("mysql://u:{encoded}@127.0.0.1:{port}/db"),
+        ] {
+            let url = support::url_with(&url, "connect_timeout_ms=200");
+            let config = lock_sql::SqlConfig::from_url(&url).unwrap();
+            let backend = lock_sql::SqlBackend::new(config).unwrap();
+            let client = LockClient::new(backend.clone());
+            let err = lock_sql::connect(&url).await.unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+            let text = format!("{backend:?} {client:?} {}", shown(&err));
+            for secret in [&password, &encoded] {
+                assert!(
+                    !text.contains(secret.as_str()),
+                    "{secret:?} shown in {text}"
+                );
+            }
+        }
+    }
+}
+
 macro_rules! server_tests {
     ($module:ident, $start:ident, $user:expr) => {
         mod $module {

@@ -352,6 +352,7 @@ where
 
     /// Runs a statement of one dialect's own (a check, a notification) within the same
     /// bounds as the lock operations; it must return one row.
+    #[cfg(feature = "postgres")]
     pub(crate) async fn fetch_row(
         &self,
         doing: &str,
