@@ -11,6 +11,7 @@ use conformance_tests::proxy::{ProxyMode, TcpFaultProxy};
 use conformance_tests::{eventually, within};
 use lock_core::{AcquireOptions, ErrorKind, LockClient};
 
+mod raw_connection;
 mod support;
 use support::Database;
 
@@ -96,7 +97,7 @@ async fn partition_swallowing_answers_frees_the_pool(db: Database) {
     );
     let holder = client(lock_sql::connect(&url).await.unwrap());
     let prefix = format!("swallowed/{:x}", fastrand_u64());
-    let mut other = support::RawConnection::open(&db).await;
+    let mut other = raw_connection::RawConnection::open(&db).await;
     other.run("BEGIN").await;
     for n in 0..POOL {
         other
@@ -114,7 +115,7 @@ async fn partition_swallowing_answers_frees_the_pool(db: Database) {
             tokio::spawn(async move { holder.try_lock(&key).await.map(drop) })
         })
         .collect();
-    support::RawConnection::wait_for_lock_waits(&db, POOL).await;
+    raw_connection::RawConnection::wait_for_lock_waits(&db, POOL).await;
     proxy.set_mode(ProxyMode::BlackHole);
     other.run("ROLLBACK").await;
     for attempt in attempts {

@@ -15,8 +15,10 @@ use conformance_tests::{eventually, within, Failure};
 use lock_core::{AcquireRequest, ErrorKind, LeaseId, LockBackend, LockKey};
 use sqlx::Row;
 
+mod raw_connection;
 mod support;
-use support::{Database, RawConnection};
+use raw_connection::RawConnection;
+use support::Database;
 
 const TTL: Duration = Duration::from_millis(100);
 /// How long the other transaction holds its lock: well past the TTL.
