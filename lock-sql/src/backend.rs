@@ -35,18 +35,70 @@ struct Inner {
     config: SqlConfig,
     capabilities: Capabilities,
     releases: AtomicU64,
-    /// Acquire statements still running, by lease id: a release of that lease waits for
-    /// every one of them to finish, so an acquisition cancelled mid-statement (whose
-    /// statement the server may still apply) cannot be overtaken by the core's clean-up
-    /// release, and neither can an earlier, unanswered attempt of a lease whose retry
-    /// succeeded.
-    in_flight: std::sync::Mutex<HashMap<LeaseId, Vec<Gate>>>,
+    in_flight: Arc<InFlight>,
     #[cfg(feature = "postgres")]
     listener: Option<postgres::Listener>,
 }
 
+/// Acquire statements still running, by lease id: a release of that lease waits for every
+/// one of them to finish, so an acquisition cancelled mid-statement (whose statement the
+/// server may still apply) cannot be overtaken by the core's clean-up release, and neither
+/// can an earlier, unanswered attempt of a lease whose retry succeeded.
+#[derive(Default)]
+struct InFlight(std::sync::Mutex<HashMap<LeaseId, Vec<Gate>>>);
+
 /// Held by a running acquire statement; locking it waits for the statement's end.
 type Gate = Arc<tokio::sync::Mutex<()>>;
+
+/// One running acquire statement; dropping it (when the statement ended) opens its gate.
+struct Running {
+    in_flight: Arc<InFlight>,
+    lease_id: LeaseId,
+    gate: Gate,
+    _open: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl InFlight {
+    fn gates(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseId, Vec<Gate>>> {
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Records a statement of `lease_id` that starts now.
+    async fn start(self: &Arc<Self>, lease_id: LeaseId) -> Running {
+        let gate = Gate::default();
+        let open = Arc::clone(&gate).lock_owned().await;
+        self.gates()
+            .entry(lease_id)
+            .or_default()
+            .push(Arc::clone(&gate));
+        Running {
+            in_flight: Arc::clone(self),
+            lease_id,
+            gate,
+            _open: open,
+        }
+    }
+
+    /// Waits until every statement of `lease_id` running now has ended.
+    async fn wait_for(&self, lease_id: LeaseId) {
+        let running: Vec<Gate> = self.gates().get(&lease_id).cloned().unwrap_or_default();
+        for gate in running {
+            drop(gate.lock().await);
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let mut gates = self.in_flight.gates();
+        if let Some(running) = gates.get_mut(&self.lease_id) {
+            running.retain(|gate| !Arc::ptr_eq(gate, &self.gate));
+            if running.is_empty() {
+                gates.remove(&self.lease_id);
+            }
+        }
+    }
+}
 
 enum Store {
     #[cfg(feature = "sqlite")]
@@ -137,7 +189,7 @@ impl SqlBackend {
                 },
                 config,
                 releases: AtomicU64::new(0),
-                in_flight: std::sync::Mutex::new(HashMap::new()),
+                in_flight: Arc::default(),
                 #[cfg(feature = "postgres")]
                 listener,
             }),
@@ -205,12 +257,6 @@ impl SqlBackend {
 }
 
 impl Inner {
-    fn in_flight(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseId, Vec<Gate>>> {
-        self.in_flight
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
     /// The operations and the listener of a PostgreSQL backend.
     #[cfg(feature = "postgres")]
     // With only the `postgres` feature the store has no other variant.
@@ -223,10 +269,7 @@ impl Inner {
     }
 
     async fn release(self: Arc<Self>, key: LockKey, lease_id: LeaseId) -> Result<bool> {
-        let running: Vec<Gate> = self.in_flight().get(&lease_id).cloned().unwrap_or_default();
-        for acquire in running {
-            drop(acquire.lock().await);
-        }
+        self.in_flight.wait_for(lease_id).await;
         let released = on_store!(&self.store, ops => ops.release(&key, lease_id).await)?;
         #[cfg(feature = "postgres")]
         if released.is_some() && self.postgres().is_some() {
@@ -268,25 +311,12 @@ impl LockBackend for SqlBackend {
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<FencingToken>> {
         let ttl_ms = self.ttl_ms(request.ttl())?;
         let lease_id = request.lease_id();
-        let gate = Gate::default();
-        let running = Arc::clone(&gate).lock_owned().await;
-        self.inner
-            .in_flight()
-            .entry(lease_id)
-            .or_default()
-            .push(Arc::clone(&gate));
+        let running = self.inner.in_flight.start(lease_id).await;
         // Runs to completion even if the caller gives up, then opens the gate.
         let inner = Arc::clone(&self.inner);
         let key = request.key().clone();
         finish_if_dropped(async move {
             let result = on_store!(&inner.store, ops => ops.acquire(&key, lease_id, ttl_ms).await);
-            let mut in_flight = inner.in_flight();
-            if let Some(gates) = in_flight.get_mut(&lease_id) {
-                gates.retain(|g| !Arc::ptr_eq(g, &gate));
-                if gates.is_empty() {
-                    in_flight.remove(&lease_id);
-                }
-            }
             drop(running);
             result
         })
@@ -323,5 +353,31 @@ impl LockBackend for SqlBackend {
         }
         let _ = key;
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two attempts of one lease run at once and the later one ends first (a retry that
+    /// succeeded while the first attempt is still on its way): a release still waits for
+    /// the first.
+    #[tokio::test]
+    async fn a_release_waits_for_every_running_attempt_of_its_lease() {
+        let in_flight = Arc::new(InFlight::default());
+        let lease = LeaseId::random();
+        let first = in_flight.start(lease).await;
+        let retry = in_flight.start(lease).await;
+        drop(retry);
+        let release = in_flight.wait_for(lease);
+        tokio::pin!(release);
+        let early = tokio::time::timeout(Duration::ZERO, &mut release).await;
+        assert!(early.is_err(), "the release did not wait for the first attempt");
+        drop(first);
+        tokio::time::timeout(Duration::from_secs(1), release)
+            .await
+            .expect("the release goes on once every attempt ended");
+        assert!(in_flight.gates().is_empty(), "an ended attempt left its gate");
     }
 }
