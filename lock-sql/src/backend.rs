@@ -60,7 +60,9 @@ struct Running {
 
 impl InFlight {
     fn gates(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseId, Vec<Gate>>> {
-        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Records a statement of `lease_id` that starts now.
@@ -373,11 +375,17 @@ mod tests {
         let release = in_flight.wait_for(lease);
         tokio::pin!(release);
         let early = tokio::time::timeout(Duration::ZERO, &mut release).await;
-        assert!(early.is_err(), "the release did not wait for the first attempt");
+        assert!(
+            early.is_err(),
+            "the release did not wait for the first attempt"
+        );
         drop(first);
         tokio::time::timeout(Duration::from_secs(1), release)
             .await
             .expect("the release goes on once every attempt ended");
-        assert!(in_flight.gates().is_empty(), "an ended attempt left its gate");
+        assert!(
+            in_flight.gates().is_empty(),
+            "an ended attempt left its gate"
+        );
     }
 }

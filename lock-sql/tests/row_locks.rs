@@ -1,7 +1,7 @@
 //! The lock statements when they wait for database locks held by another transaction:
-//! a grant that waited longer than its TTL is not written already over, a takeover's
-//! token is drawn under the row lock, a retried grant or a renewal never shortens the
-//! expiry, a release waits for every attempt of its lease still running, and the MariaDB
+//! a grant that waited longer than its TTL is not written already over, tokens follow the
+//! order of grants (a takeover draws its token under the row lock, a stalled insert keeps
+//! its turn), a retried grant or a renewal never shortens the expiry, and the MariaDB
 //! sweep does not wait for locks on live rows.
 //!
 //! The other transaction is a plain sqlx connection of the test's own; where the test
@@ -223,64 +223,6 @@ async fn regrant_and_renewal_never_shorten_the_expiry(db: Database) {
     assert!(backend.release(&key, lease).await.unwrap());
 }
 
-/// PostgreSQL: two attempts of one lease run at once; the first is stuck (its server
-/// process frozen right after it found the key's row being inserted by another
-/// transaction), the second is granted. A release of the lease must wait for the first
-/// attempt too: otherwise that attempt lands on the freed key afterwards and holds it
-/// for a TTL in the name of a lease nobody holds.
-async fn release_waits_for_every_attempt_of_the_lease(db: Database) {
-    let backend = db.backend().await;
-    let key = key("attempts");
-    let lease = LeaseId::random();
-    let ttl = Duration::from_secs(30);
-    let mut other = RawConnection::open(&db).await;
-    other.run("BEGIN").await;
-    other
-        .run(&format!(
-            "INSERT INTO distlock_locks (lock_key, lease_id, token, expires_at) \
-             VALUES ('{}', '{}', 1, 0)",
-            key.as_str(),
-            LeaseId::random()
-        ))
-        .await;
-    let first = tokio::spawn({
-        let backend = backend.clone();
-        let request = request(&key, ttl, lease);
-        async move { backend.try_acquire(&request).await }
-    });
-    let stuck = Frozen::stop(blocked_session(&db).await);
-    // The first attempt, frozen, does not see the insert go away.
-    other.run("ROLLBACK").await;
-    let second = backend.try_acquire(&request(&key, ttl, lease)).await;
-    assert!(matches!(second, Ok(Some(_))), "{second:?}");
-    let mut release = tokio::spawn({
-        let backend = backend.clone();
-        let key = key.clone();
-        async move { backend.release(&key, lease).await }
-    });
-    let early = tokio::time::timeout(Duration::from_millis(500), &mut release).await;
-    assert!(
-        early.is_err(),
-        "the release finished while an attempt of its lease was still running: {early:?}"
-    );
-    drop(stuck);
-    within(Duration::from_secs(5), "the first attempt", first)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    within(Duration::from_secs(5), "the release", release)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    assert_eq!(
-        backend.inspect(&key).await.unwrap(),
-        None,
-        "an attempt landed after the release"
-    );
-}
-
 /// A server process stopped with SIGSTOP until dropped.
 struct Frozen(String);
 
@@ -385,11 +327,71 @@ async fn sqlite_regrant_and_renewal_never_shorten_the_expiry() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_release_waits_for_every_attempt_of_the_lease() {
-    release_waits_for_every_attempt_of_the_lease(Database::postgres().await.unwrap()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_sweep_does_not_wait_for_live_rows() {
     sweep_does_not_wait_for_live_rows(Database::mariadb().await.unwrap()).await;
+}
+
+/// PostgreSQL: an acquire of a free key stalls after drawing its token and before
+/// inserting its row (its server process frozen while it waits for another transaction's
+/// insert of the key, which is then rolled back). A rival acquire meanwhile must not be
+/// granted the key and release it, or the stalled acquire would then insert with a token
+/// smaller than the rival's, granted after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_tokens_follow_grants_when_an_insert_stalls() {
+    let db = Database::postgres().await.unwrap();
+    let backend = db.backend().await;
+    let key = key("stalled-insert");
+    let ttl = Duration::from_secs(30);
+    let mut other = RawConnection::open(&db).await;
+    other.run("BEGIN").await;
+    other
+        .run(&format!(
+            "INSERT INTO distlock_locks (lock_key, lease_id, token, expires_at) \
+             VALUES ('{}', '{}', 1, 0)",
+            key.as_str(),
+            LeaseId::random()
+        ))
+        .await;
+    let (stalled_lease, rival_lease) = (LeaseId::random(), LeaseId::random());
+    let stalled = tokio::spawn({
+        let backend = backend.clone();
+        let request = request(&key, ttl, stalled_lease);
+        async move { backend.try_acquire(&request).await }
+    });
+    let frozen = Frozen::stop(blocked_session(&db).await);
+    other.run("ROLLBACK").await;
+    let mut rival = tokio::spawn({
+        let backend = backend.clone();
+        let request = request(&key, ttl, rival_lease);
+        async move { backend.try_acquire(&request).await }
+    });
+    let rival_first = match tokio::time::timeout(Duration::from_millis(500), &mut rival).await {
+        Ok(granted) => {
+            let token = granted.unwrap().unwrap();
+            // The rival holds the key and lets it go while the other acquire is stalled.
+            backend.release(&key, rival_lease).await.unwrap();
+            token
+        }
+        Err(_) => None,
+    };
+    drop(frozen);
+    let stalled_token = within(Duration::from_secs(5), "the stalled acquire", stalled)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    if let (Some(first), Some(then)) = (rival_first, stalled_token) {
+        panic!("the rival was granted {first:?} and released, then the stalled acquire {then:?}");
+    }
+    assert!(
+        stalled_token.is_some(),
+        "the stalled acquire was not granted"
+    );
+    let rival_later = within(Duration::from_secs(5), "the rival", rival)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap_or(None);
+    assert_eq!(rival_later, None, "the rival was granted a held key");
+    backend.release(&key, stalled_lease).await.unwrap();
 }

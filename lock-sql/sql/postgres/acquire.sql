@@ -1,10 +1,15 @@
+-- Acquires of one key take turns on a transaction-scoped advisory lock before anything
+-- else, so a token is drawn only by the acquire whose turn it is and committed before the
+-- next one draws: tokens follow grant order even when a statement stalls between drawing
+-- its token and inserting its row. A takeover draws its token again under the row lock,
+-- which keeps that order against any writer that bypasses the turn.
 -- Whether the old lease is over is judged once, at the statement's start ({now}); the
 -- expiry written counts from the moment of writing ({clock}), so a grant that waited for
--- the row lock is not born expired. A takeover draws its token only here, under the row
--- lock, so tokens follow the order in which the row is granted. A grant of the caller's
--- own lease (a retried request) never shortens the expiry a later attempt already wrote.
+-- the row lock is not born expired. A grant of the caller's own lease (a retried request)
+-- never shortens the expiry a later attempt already wrote.
 INSERT INTO {table} AS held (lock_key, lease_id, token, expires_at)
-VALUES ($1, $2, nextval('{table}_tokens'), {clock} + $3)
+SELECT $1, $2, nextval('{table}_tokens'), {clock} + $3
+FROM (SELECT pg_advisory_xact_lock(hashtextextended('{table}/' || $1, 0)) OFFSET 0) AS turn
 ON CONFLICT (lock_key) DO UPDATE SET
     token = CASE WHEN held.expires_at > {now} THEN held.token
                  ELSE nextval('{table}_tokens') END,
