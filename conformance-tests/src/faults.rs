@@ -65,6 +65,9 @@ pub struct FaultyBackend {
     rules: Mutex<HashMap<Op, Rule>>,
     calls: [AtomicU64; 5],
     completed: [AtomicU64; 5],
+    /// Requests of [`Fault::LandLate`] that reached the store, whether or not anyone still
+    /// waited for them.
+    landed: Arc<AtomicU64>,
 }
 
 impl FaultyBackend {
@@ -75,6 +78,7 @@ impl FaultyBackend {
             rules: Mutex::new(HashMap::new()),
             calls: Default::default(),
             completed: Default::default(),
+            landed: Arc::default(),
         })
     }
 
@@ -113,6 +117,11 @@ impl FaultyBackend {
     /// How many calls of `op` have returned to the caller.
     pub fn completed(&self, op: Op) -> u64 {
         self.completed[index(op)].load(Ordering::SeqCst)
+    }
+
+    /// How many [`Fault::LandLate`] requests have reached the store so far.
+    pub fn landed(&self) -> u64 {
+        self.landed.load(Ordering::SeqCst)
     }
 
     /// Calls of every operation together.
@@ -163,9 +172,12 @@ impl FaultyBackend {
         delay: Duration,
         request: impl std::future::Future<Output = Result<T>> + Send + 'static,
     ) -> Result<T> {
+        let landed = Arc::clone(&self.landed);
         let landing = tokio::spawn(async move {
             tokio::time::sleep(delay).await;
-            request.await
+            let result = request.await;
+            landed.fetch_add(1, Ordering::SeqCst);
+            result
         });
         let result = landing
             .await

@@ -355,14 +355,14 @@ pub async fn phantom_hold_of_a_retried_acquire_is_released(ctx: &Ctx) -> Outcome
         .options(options)
         .wait_up_to(Duration::from_secs(10))
         .await?;
-    let lease_id = guard.lease().id();
     ensure!(guard.release().await?, "lease gone at release");
-    eventually(landing + SLACK, "the unanswered attempt lands", || async {
-        Ok(observer
-            .inspect(&key)
-            .await?
-            .is_some_and(|info| info.lease_id == lease_id))
-    })
+    // Had the retry been slower than the late attempt, that attempt granted the lease
+    // first and the release removed it; either way the key must end up free.
+    eventually(
+        landing + SLACK * 2,
+        "the unanswered attempt lands",
+        || async { Ok(faulty.landed() >= 1) },
+    )
     .await?;
     eventually(
         request_timeout + SLACK * 2,
