@@ -549,6 +549,13 @@ impl StoreProcess {
         signal_each(&strays, libc::SIGKILL);
         child.wait().map_err(io_error("reap the store process"))?;
         self.child = None;
+        // Workers that left the group are not our children, so nothing reaps them here;
+        // until they are gone they may keep the server's resources (PostgreSQL's shared
+        // memory), and a restart would be refused.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while strays.iter().any(|pid| is_alive(*pid)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         Ok(())
     }
 
@@ -556,7 +563,21 @@ impl StoreProcess {
     /// directory, and waits until it is ready.
     pub async fn restart(&mut self) -> Result<(), StoreProcessError> {
         self.kill()?;
-        self.launch().await
+        // A worker forked just before the kill may outlive it for a moment and hold the
+        // old server's shared memory; PostgreSQL then refuses to start until it exits
+        // (which it does once it notices the server is gone).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.launch().await {
+                Err(StoreProcessError::Exited { ref log_tail, .. })
+                    if log_tail.contains("pre-existing shared memory block")
+                        && Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                other => return other,
+            }
+        }
     }
 
     fn signal(&self, signal: libc::c_int, action: &str) -> Result<(), StoreProcessError> {
@@ -800,6 +821,17 @@ fn descendants(root: u32) -> Vec<u32> {
     }
     found.remove(0);
     found
+}
+
+/// Whether `pid` still runs (a zombie waiting to be reaped by init does not).
+fn is_alive(pid: u32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rfind(')')
+            .and_then(|end| stat[end + 1..].split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
 }
 
 /// Signals each process on its own (those that called `setsid` left our group);
