@@ -56,6 +56,18 @@ impl From<lock_core::Error> for Failure {
 /// A scenario's result.
 pub type Outcome = Result<(), Failure>;
 
+/// Everything a caller could print about an error: its message, its `Debug` form and
+/// every source in its chain (with theirs), for tests that a secret never shows.
+pub fn everything_shown(err: &lock_core::Error) -> String {
+    let mut text = format!("{err} {err:?}");
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        text.push_str(&format!(" {cause} {cause:?}"));
+        source = cause.source();
+    }
+    text
+}
+
 /// Fails the scenario with a formatted message unless the condition holds.
 #[macro_export]
 macro_rules! ensure {

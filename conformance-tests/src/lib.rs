@@ -29,6 +29,8 @@ pub mod scenarios;
 pub mod store_process;
 
 pub use faults::{Fault, FaultyBackend, Op};
-pub use harness::{eventually, expect_kind, within, BackendFactory, Ctx, Failure, Outcome, SLACK};
+pub use harness::{
+    eventually, everything_shown, expect_kind, within, BackendFactory, Ctx, Failure, Outcome, SLACK,
+};
 pub use memory::MemoryFactory;
 pub use runner::run_suite;

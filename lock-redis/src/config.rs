@@ -411,15 +411,7 @@ mod tests {
         }
     }
 
-    fn all_text(err: &Error) -> String {
-        let mut text = format!("{err} {err:?}");
-        let mut source = std::error::Error::source(err);
-        while let Some(s) = source {
-            text.push_str(&format!(" {s} {s:?}"));
-            source = s.source();
-        }
-        text
-    }
+    use conformance_tests::everything_shown as all_text;
 
     /// Generated passwords full of URL-reserved characters: given raw, they are either
     /// refused or parsed, and never shown; given percent-encoded, they reach the Redis

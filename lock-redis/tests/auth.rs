@@ -88,15 +88,7 @@ async fn reserved_characters_in_credentials_authenticate_when_percent_encoded() 
             .collect()
     };
     let addr = server.addr();
-    let shown = |err: &lock_core::Error| {
-        let mut text = format!("{err} {err:?}");
-        let mut source = std::error::Error::source(err);
-        while let Some(s) = source {
-            text.push_str(&format!(" {s} {s:?}"));
-            source = s.source();
-        }
-        text
-    };
+    let shown = conformance_tests::everything_shown;
 
     let url = format!("redis://{}:{}@{addr}/0", encode(USER), encode(SECRET));
     let backend = lock_redis::connect(&url).await.unwrap();

@@ -351,15 +351,7 @@ mod tests {
     fn shown(result: &Result<SqlConfig>) -> String {
         match result {
             Ok(config) => format!("{config:?}"),
-            Err(err) => {
-                let mut text = format!("{err} {err:?}");
-                let mut source = std::error::Error::source(err);
-                while let Some(cause) = source {
-                    text.push_str(&format!(" {cause} {cause:?}"));
-                    source = cause.source();
-                }
-                text
-            }
+            Err(err) => conformance_tests::everything_shown(err),
         }
     }
 

@@ -293,17 +293,6 @@ fn malformed_urls_are_invalid_input() {
     }
 }
 
-/// Everything a caller could print about an error: message, `Debug`, source chain.
-fn shown(err: &lock_core::Error) -> String {
-    let mut text = format!("{err} {err:?}");
-    let mut source = std::error::Error::source(err);
-    while let Some(cause) = source {
-        text.push_str(&format!(" {cause} {cause:?}"));
-        source = cause.source();
-    }
-    text
-}
-
 /// Passwords with reserved characters (percent-encoded, as the docs require) or given as
 /// `?password=` never show in a backend's or client's `Debug`, nor in the errors of a
 /// connection that fails; generated ones included.
@@ -333,7 +322,10 @@ async fn passwords_never_show() {
             let client = LockClient::new(backend.clone());
             let err = lock_sql::connect(&url).await.unwrap_err();
             assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
-            let text = format!("{backend:?} {client:?} {}", shown(&err));
+            let text = format!(
+                "{backend:?} {client:?} {}",
+                conformance_tests::everything_shown(&err)
+            );
             for secret in [&password, &encoded] {
                 assert!(
                     !text.contains(secret.as_str()),
