@@ -290,45 +290,35 @@ async fn sweep_does_not_wait_for_live_rows(db: Database) {
     assert!(backend.release(&live, lease).await.unwrap());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_grant_after_a_long_lock_wait_is_not_born_expired() {
-    grant_after_a_long_lock_wait_is_not_born_expired(Database::postgres().await.unwrap()).await;
+/// One test per scenario in a module per database: `postgres::NAME` runs `NAME` on a
+/// private PostgreSQL server.
+macro_rules! on_database {
+    ($($database:ident => [$($scenario:ident),+ $(,)?]),+ $(,)?) => {$(
+        mod $database {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    super::$scenario(Database::$database().await.unwrap()).await;
+                }
+            )+
+        }
+    )+};
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mariadb_grant_after_a_long_lock_wait_is_not_born_expired() {
-    grant_after_a_long_lock_wait_is_not_born_expired(Database::mariadb().await.unwrap()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mariadb_grant_after_a_long_counter_wait_is_not_handed_out_expired() {
-    grant_after_a_long_counter_wait_is_not_handed_out_expired(Database::mariadb().await.unwrap())
-        .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_takeover_token_is_drawn_under_the_row_lock() {
-    takeover_token_is_drawn_under_the_row_lock(Database::postgres().await.unwrap()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_regrant_and_renewal_never_shorten_the_expiry() {
-    regrant_and_renewal_never_shorten_the_expiry(Database::postgres().await.unwrap()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mariadb_regrant_and_renewal_never_shorten_the_expiry() {
-    regrant_and_renewal_never_shorten_the_expiry(Database::mariadb().await.unwrap()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_regrant_and_renewal_never_shorten_the_expiry() {
-    regrant_and_renewal_never_shorten_the_expiry(Database::sqlite().await.unwrap()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mariadb_sweep_does_not_wait_for_live_rows() {
-    sweep_does_not_wait_for_live_rows(Database::mariadb().await.unwrap()).await;
+on_database! {
+    postgres => [
+        grant_after_a_long_lock_wait_is_not_born_expired,
+        takeover_token_is_drawn_under_the_row_lock,
+        regrant_and_renewal_never_shorten_the_expiry,
+    ],
+    mariadb => [
+        grant_after_a_long_lock_wait_is_not_born_expired,
+        grant_after_a_long_counter_wait_is_not_handed_out_expired,
+        regrant_and_renewal_never_shorten_the_expiry,
+        sweep_does_not_wait_for_live_rows,
+    ],
+    sqlite => [regrant_and_renewal_never_shorten_the_expiry],
 }
 
 /// PostgreSQL: an acquire of a free key stalls after drawing its token and before
