@@ -6,23 +6,23 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_core::{
-    async_trait, AcquireRequest, Capabilities, DynBackend, Error, ErrorKind, FencingToken,
-    KeyWatch, Lease, LeaseId, LockBackend, LockInfo, LockKey, Result, WaitSpec,
+use lock_core::backend::{
+    AcquireRequest, DynBackend, Grant, HolderInfo, KeyWatch, LeaseRenewal, LockBackend, Turn,
 };
+use lock_core::{async_trait, Capabilities, Error, ErrorKind, LeaseId, LockKey, Result};
 
 /// An operation of [`LockBackend`] that faults can target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
-    /// `try_acquire`, and `acquire` of a backend with its own fair queue.
+    /// `try_acquire`, and a fair queue's `enqueue` and `try_acquire_queued`.
     Acquire,
-    /// `renew`.
+    /// `renew` and `renew_many` (one call per batch).
     Renew,
-    /// `release`.
+    /// `release`, and a fair queue's `leave_queue`.
     Release,
     /// `inspect`.
     Inspect,
-    /// `watch` and the notifications it delivers.
+    /// `watch` and `watch_turn`, and the notifications they deliver.
     Watch,
 }
 
@@ -44,7 +44,7 @@ pub enum Fault {
     ApplyThenDelayReply(Duration),
     /// For [`Op::Watch`]: the subscription is made but no notification ever arrives.
     DropNotifications,
-    /// For [`Op::Acquire`] (`try_acquire`): the request is slow on the wire and reaches
+    /// For [`Op::Acquire`] (`try_acquire`, `try_acquire_queued`): the request is slow on the wire and reaches
     /// the store this much later, whether or not the caller still waits for its reply.
     LandLate(Duration),
 }
@@ -246,6 +246,9 @@ impl KeyWatch for SilentWatch {
     }
 }
 
+/// Every operation is forwarded (a wrapper that inherited a default would silently stop
+/// testing what the wrapped backend does there).
+#[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl LockBackend for FaultyBackend {
     fn name(&self) -> &'static str {
@@ -256,7 +259,7 @@ impl LockBackend for FaultyBackend {
         self.inner.capabilities()
     }
 
-    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<FencingToken>> {
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
         let Some(delay) = self.lands_late() else {
             return self
                 .faulted(Op::Acquire, self.inner.try_acquire(request))
@@ -267,25 +270,16 @@ impl LockBackend for FaultyBackend {
             .await
     }
 
-    async fn acquire(&self, request: &AcquireRequest, wait: &WaitSpec) -> Result<Lease> {
-        // A fair queue lives in the store: keep it, faulting the whole wait. Otherwise
-        // poll through this wrapper so every attempt and notification can be faulted.
-        if !self.inner.capabilities().fair_ordering {
-            return lock_core::wait::acquire_by_polling(self, request, wait).await;
-        }
-        let Some(delay) = self.lands_late() else {
-            return self
-                .faulted(Op::Acquire, self.inner.acquire(request, wait))
-                .await;
-        };
-        let (inner, request, wait) = (self.inner.clone(), request.clone(), *wait);
-        self.land_late(delay, async move { inner.acquire(&request, &wait).await })
-            .await
-    }
-
     async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
         self.faulted(Op::Renew, self.inner.renew(key, lease_id, ttl))
             .await
+    }
+
+    async fn renew_many(&self, leases: &[LeaseRenewal]) -> Vec<Result<bool>> {
+        let renewed = self
+            .faulted(Op::Renew, async { Ok(self.inner.renew_many(leases).await) })
+            .await;
+        renewed.unwrap_or_else(|err| vec![Err(err); leases.len()])
     }
 
     async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
@@ -293,13 +287,47 @@ impl LockBackend for FaultyBackend {
             .await
     }
 
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
         self.faulted(Op::Inspect, self.inner.inspect(key)).await
     }
 
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {
+        self.watched(self.inner.watch(key)).await
+    }
+
+    async fn enqueue(&self, request: &AcquireRequest) -> Result<()> {
+        self.faulted(Op::Acquire, self.inner.enqueue(request)).await
+    }
+
+    async fn try_acquire_queued(&self, request: &AcquireRequest) -> Result<Turn> {
+        let Some(delay) = self.lands_late() else {
+            return self
+                .faulted(Op::Acquire, self.inner.try_acquire_queued(request))
+                .await;
+        };
+        let (inner, request) = (self.inner.clone(), request.clone());
+        self.land_late(delay, async move { inner.try_acquire_queued(&request).await })
+            .await
+    }
+
+    async fn leave_queue(&self, key: &LockKey, lease_id: LeaseId) -> Result<()> {
+        self.faulted(Op::Release, self.inner.leave_queue(key, lease_id))
+            .await
+    }
+
+    async fn watch_turn(&self, request: &AcquireRequest) -> Result<Option<Box<dyn KeyWatch>>> {
+        self.watched(self.inner.watch_turn(request)).await
+    }
+}
+
+impl FaultyBackend {
+    /// A subscription through the [`Op::Watch`] faults.
+    async fn watched(
+        &self,
+        subscribing: impl std::future::Future<Output = Result<Option<Box<dyn KeyWatch>>>> + Send,
+    ) -> Result<Option<Box<dyn KeyWatch>>> {
         let drop_all = matches!(self.rules().get(&Op::Watch), Some(rule) if rule.fault == Fault::DropNotifications);
-        let watch = self.faulted(Op::Watch, self.inner.watch(key)).await?;
+        let watch = self.faulted(Op::Watch, subscribing).await?;
         Ok(match watch {
             Some(_) if drop_all => Some(Box::new(SilentWatch)),
             other => other,

@@ -5,7 +5,9 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lock_core::{async_trait, AcquireOptions, Capabilities, DynBackend, LockClient, LockKey};
+use lock_core::{
+    async_trait, backend::DynBackend, AcquireOptions, Capabilities, LockClient, LockKey,
+};
 
 use crate::faults::FaultyBackend;
 
@@ -29,6 +31,26 @@ pub trait BackendFactory: Send + Sync + 'static {
     async fn connect_unreachable(&self) -> Option<lock_core::Result<DynBackend>> {
         None
     }
+
+    /// A new client whose link to the store the scenario can cut or slow, for the session
+    /// scenarios; `None` when the factory cannot build one.
+    async fn connect_with_link(
+        &self,
+    ) -> Option<lock_core::Result<(DynBackend, Arc<dyn LinkControl>)>> {
+        None
+    }
+}
+
+/// One client's connection to the store, to cut or slow on purpose (a TCP fault proxy for
+/// a server, the in-memory link for the memory backend).
+pub trait LinkControl: Send + Sync {
+    /// Every request and keep-alive of the client is lost from now on.
+    fn cut(&self);
+    /// The link works again.
+    fn restore(&self);
+    /// Replies (at least the session keep-alives' replies) reach the client `delay` after
+    /// the store applied the request.
+    fn delay_replies(&self, delay: Duration);
 }
 
 /// Why a scenario failed.
@@ -95,6 +117,12 @@ pub fn expect_kind<T: fmt::Debug>(
     }
 }
 
+/// Expects a release to report the lease held until then; fails the scenario (saying
+/// `what`) when it was lost or the release failed.
+pub fn released(result: lock_core::Result<()>, what: &str) -> Outcome {
+    result.map_err(|err| Failure(format!("{what}: {err} ({err:?})")))
+}
+
 /// Timer and scheduler lateness tolerated on top of every time bound. Generous for a
 /// loaded two-core machine, yet far below the intervals the scenarios measure.
 pub const SLACK: Duration = Duration::from_millis(300);
@@ -154,6 +182,19 @@ impl Ctx {
     /// A new independent client with the suite's default options.
     pub async fn client(&self) -> Result<LockClient, Failure> {
         Ok(LockClient::from_dyn(self.backend().await?).with_defaults(self.options()))
+    }
+
+    /// A new client with the suite's default options whose link the scenario controls.
+    pub async fn linked_client(&self) -> Result<(LockClient, Arc<dyn LinkControl>), Failure> {
+        let (backend, link) = self
+            .factory
+            .connect_with_link()
+            .await
+            .ok_or_else(|| Failure("the factory cannot cut a client's link".into()))??;
+        Ok((
+            LockClient::from_dyn(backend).with_defaults(self.options()),
+            link,
+        ))
     }
 
     /// A new client wrapped in a fault injector (returned too, to steer it).

@@ -30,7 +30,8 @@ pub mod store_process;
 
 pub use faults::{Fault, FaultyBackend, Op};
 pub use harness::{
-    eventually, everything_shown, expect_kind, within, BackendFactory, Ctx, Failure, Outcome, SLACK,
+    eventually, everything_shown, expect_kind, released, within, BackendFactory, Ctx, Failure,
+    LinkControl, Outcome, SLACK,
 };
 pub use memory::MemoryFactory;
 pub use runner::run_suite;

@@ -1,8 +1,24 @@
 //! The in-memory reference backend as a suite factory.
 
-use lock_core::{async_trait, DynBackend, MemoryBackend};
+use std::sync::Arc;
+use std::time::Duration;
 
-use crate::harness::BackendFactory;
+use lock_core::backend::DynBackend;
+use lock_core::{async_trait, MemoryBackend, MemoryLink};
+
+use crate::harness::{BackendFactory, LinkControl};
+
+impl LinkControl for MemoryLink {
+    fn cut(&self) {
+        MemoryLink::cut(self);
+    }
+    fn restore(&self) {
+        MemoryLink::restore(self);
+    }
+    fn delay_replies(&self, delay: Duration) {
+        MemoryLink::delay_replies(self, delay);
+    }
+}
 
 /// Clients of one shared in-memory store (plain or fair).
 #[derive(Debug)]
@@ -27,6 +43,15 @@ impl MemoryFactory {
             name: "memory-fair",
         }
     }
+
+    /// A factory over a fresh fair store whose leases live by client sessions, each
+    /// client with its own sessions and a link the session scenarios can cut.
+    pub fn sessions() -> Self {
+        MemoryFactory {
+            store: MemoryBackend::fair().with_sessions(),
+            name: "memory-session",
+        }
+    }
 }
 
 impl Default for MemoryFactory {
@@ -42,7 +67,15 @@ impl BackendFactory for MemoryFactory {
     }
 
     async fn connect(&self) -> lock_core::Result<DynBackend> {
-        Ok(std::sync::Arc::new(self.store.clone()))
+        Ok(Arc::new(self.store.client()))
+    }
+
+    async fn connect_with_link(
+        &self,
+    ) -> Option<lock_core::Result<(DynBackend, Arc<dyn LinkControl>)>> {
+        let client = self.store.client();
+        let link = client.link()?;
+        Some(Ok((Arc::new(client), Arc::new(link))))
     }
 
     async fn residue(&self, prefix: &str) -> lock_core::Result<Vec<String>> {

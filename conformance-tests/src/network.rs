@@ -6,6 +6,7 @@ use std::time::Duration;
 use lock_core::{ErrorKind, LockClient};
 
 use crate::ensure;
+use crate::harness::released;
 use crate::harness::{eventually, expect_kind, within, Failure, Outcome, SLACK};
 use crate::proxy::{ProxyMode, TcpFaultProxy};
 
@@ -26,7 +27,7 @@ pub async fn grant_delayed_past_ttl_is_never_handed_out(
     ensure!(delay * 2 > ttl, "the delay must outlast the TTL");
     // Connections made before the delay, so only the store's replies are late.
     let warm = delayed.lock(key).ttl(ttl).no_wait().await?;
-    ensure!(warm.release().await?, "warm-up lease gone");
+    released(warm.release().await, "warm-up lease gone")?;
     for proxy in proxies {
         proxy.set_mode(ProxyMode::Delay(delay));
     }
@@ -66,7 +67,7 @@ pub async fn grant_delayed_past_ttl_is_never_handed_out(
         direct.lock(key).wait_up_to(SLACK * 10),
     )
     .await??;
-    ensure!(taken.release().await?, "direct lease gone");
+    released(taken.release().await, "direct lease gone")?;
     eventually(SLACK * 3, "the key is free", || async {
         Ok(direct.inspect(key).await?.is_none())
     })

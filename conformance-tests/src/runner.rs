@@ -9,7 +9,7 @@ use std::time::Duration;
 use libtest_mimic::{Arguments, Failed, Trial};
 
 use crate::harness::{BackendFactory, Ctx};
-use crate::scenarios::ALL;
+use crate::scenarios::{Offers, ALL};
 
 /// The longest one scenario may run before it counts as hung.
 const SCENARIO_LIMIT: Duration = Duration::from_secs(120);
@@ -56,7 +56,7 @@ where
     let mut trials = Vec::new();
     for factory in &factories {
         let backend = factory.name();
-        let (caps, has_unreachable) = match runtime.block_on(probe(factory.as_ref())) {
+        let offers = match runtime.block_on(Offers::probe(factory.as_ref())) {
             Ok(probed) => probed,
             Err(err) => {
                 eprintln!("cannot connect to {backend}: {err}");
@@ -65,7 +65,7 @@ where
         };
         for scenario in ALL {
             let slot = (backend.clone(), scenario.name);
-            if let Err(reason) = scenario.needs.check(&caps, has_unreachable) {
+            if let Err(reason) = scenario.needs.check(&offers) {
                 lock(&report).insert(slot, Status::NotApplicable(reason));
                 continue;
             }
@@ -73,7 +73,7 @@ where
             let (runtime, factory, caps, report) = (
                 runtime.clone(),
                 factory.clone(),
-                caps.clone(),
+                offers.capabilities.clone(),
                 report.clone(),
             );
             let trial = Trial::test(format!("conformance::{}", scenario.name), move || {
@@ -101,12 +101,6 @@ where
     let conclusion = libtest_mimic::run(&args, trials);
     print_summary(&lock(&report));
     conclusion.exit_code()
-}
-
-async fn probe(factory: &dyn BackendFactory) -> lock_core::Result<(lock_core::Capabilities, bool)> {
-    let backend = factory.connect().await?;
-    let has_unreachable = factory.connect_unreachable().await.is_some();
-    Ok((backend.capabilities().clone(), has_unreachable))
 }
 
 fn print_summary(report: &BTreeMap<(String, &'static str), Status>) {

@@ -9,6 +9,7 @@ fn main() -> std::process::ExitCode {
         Ok(vec![
             Arc::new(MemoryFactory::new()) as Arc<dyn BackendFactory>,
             Arc::new(MemoryFactory::fair()),
+            Arc::new(MemoryFactory::sessions()),
         ])
     })
 }

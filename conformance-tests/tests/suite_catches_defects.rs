@@ -5,14 +5,14 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use conformance_tests::scenarios::ALL;
-use conformance_tests::{BackendFactory, Ctx};
-use lock_core::{
-    async_trait, AcquireRequest, Capabilities, DynBackend, FencingToken, LeaseId, LockBackend,
-    LockInfo, LockKey, MemoryBackend, Result,
+use conformance_tests::scenarios::{Offers, ALL};
+use conformance_tests::{BackendFactory, Ctx, LinkControl};
+use lock_core::backend::{
+    AcquireRequest, DynBackend, Grant, HolderInfo, LockBackend, Session, SessionKeeper,
 };
+use lock_core::{async_trait, Capabilities, FencingToken, LeaseId, LockKey, MemoryBackend, Result};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Defect {
@@ -24,6 +24,9 @@ enum Defect {
     TokenNotIncrementedOnTakeover,
     /// A retried acquire whose first reply was lost finds "its" key held.
     LostReplyTreatedAsFailure,
+    /// A session keep-alive proves the session alive from when its reply arrived, not
+    /// from when it was sent.
+    KeepAliveMeasuredFromReply,
 }
 
 #[derive(Debug)]
@@ -31,6 +34,39 @@ struct Defective {
     inner: MemoryBackend,
     defect: Defect,
     last_grant: Arc<Mutex<HashMap<LockKey, (LeaseId, FencingToken)>>>,
+    /// The sessions as this client re-reports them, by the inner session's id.
+    sessions: Mutex<HashMap<u64, Arc<SessionKeeper>>>,
+}
+
+impl Defective {
+    /// Re-reports `session` the defective way: each keep-alive as if sent when its reply
+    /// arrived.
+    fn measured_from_reply(&self, session: &Session) -> Session {
+        let mut sessions = self.sessions.lock().unwrap();
+        if let Some(keeper) = sessions.get(&session.id()) {
+            return keeper.session();
+        }
+        let status = session.status();
+        let keeper = Arc::new(SessionKeeper::new(status.proven_at, status.ttl));
+        sessions.insert(session.id(), keeper.clone());
+        let mut inner = session.clone();
+        tokio::spawn(async move {
+            while inner.changed().await {
+                let status = inner.status();
+                if status.expired {
+                    keeper.expired();
+                    return;
+                }
+                if status.disconnected {
+                    keeper.disconnected();
+                } else {
+                    keeper.kept_alive(Instant::now());
+                }
+            }
+        });
+        let session = sessions[&session.id()].session();
+        session
+    }
 }
 
 #[async_trait]
@@ -43,8 +79,17 @@ impl LockBackend for Defective {
         self.inner.capabilities()
     }
 
-    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<FencingToken>> {
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
         match self.defect {
+            Defect::KeepAliveMeasuredFromReply => {
+                let grant = self.inner.try_acquire(request).await?;
+                Ok(grant.map(|grant| match grant.session() {
+                    Some(session) => {
+                        Grant::in_session(grant.token(), self.measured_from_reply(session))
+                    }
+                    None => grant,
+                }))
+            }
             Defect::LostReplyTreatedAsFailure => {
                 let holder = self.inner.inspect(request.key()).await?;
                 if holder.is_some_and(|info| info.lease_id == request.lease_id()) {
@@ -53,7 +98,7 @@ impl LockBackend for Defective {
                 self.inner.try_acquire(request).await
             }
             Defect::TokenNotIncrementedOnTakeover => {
-                let Some(token) = self.inner.try_acquire(request).await? else {
+                let Some(token) = self.inner.try_acquire(request).await?.map(|g| g.token()) else {
                     return Ok(None);
                 };
                 let mut grants = self.last_grant.lock().unwrap();
@@ -62,7 +107,7 @@ impl LockBackend for Defective {
                     None => token,
                 };
                 grants.insert(request.key().clone(), (request.lease_id(), token));
-                Ok(Some(token))
+                Ok(Some(Grant::new(token)))
             }
             _ => self.inner.try_acquire(request).await,
         }
@@ -87,7 +132,7 @@ impl LockBackend for Defective {
         self.inner.release(key, lease_id).await
     }
 
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
         self.inner.inspect(key).await
     }
 }
@@ -98,6 +143,17 @@ struct DefectiveFactory {
     last_grant: Arc<Mutex<HashMap<LockKey, (LeaseId, FencingToken)>>>,
 }
 
+impl DefectiveFactory {
+    fn client(&self) -> Defective {
+        Defective {
+            inner: self.store.client(),
+            defect: self.defect,
+            last_grant: self.last_grant.clone(),
+            sessions: Mutex::default(),
+        }
+    }
+}
+
 #[async_trait]
 impl BackendFactory for DefectiveFactory {
     fn name(&self) -> String {
@@ -105,11 +161,13 @@ impl BackendFactory for DefectiveFactory {
     }
 
     async fn connect(&self) -> Result<DynBackend> {
-        Ok(Arc::new(Defective {
-            inner: self.store.clone(),
-            defect: self.defect,
-            last_grant: self.last_grant.clone(),
-        }))
+        Ok(Arc::new(self.client()))
+    }
+
+    async fn connect_with_link(&self) -> Option<Result<(DynBackend, Arc<dyn LinkControl>)>> {
+        let client = self.client();
+        let link = client.inner.link()?;
+        Some(Ok((Arc::new(client), Arc::new(link))))
     }
 
     async fn residue(&self, prefix: &str) -> Result<Vec<String>> {
@@ -129,15 +187,20 @@ fn failing_scenarios(defect: Defect) -> BTreeSet<&'static str> {
         .enable_all()
         .build()
         .unwrap();
+    let store = match defect {
+        Defect::KeepAliveMeasuredFromReply => MemoryBackend::new().with_sessions(),
+        _ => MemoryBackend::new(),
+    };
     let factory: Arc<dyn BackendFactory> = Arc::new(DefectiveFactory {
-        store: MemoryBackend::new(),
+        store,
         defect,
         last_grant: Arc::default(),
     });
     runtime.block_on(async {
-        let caps = factory.connect().await.unwrap().capabilities().clone();
+        let offers = Offers::probe(factory.as_ref()).await.unwrap();
+        let caps = offers.capabilities.clone();
         let mut runs = tokio::task::JoinSet::new();
-        for scenario in ALL.iter().filter(|s| s.needs.check(&caps, false).is_ok()) {
+        for scenario in ALL.iter().filter(|s| s.needs.check(&offers).is_ok()) {
             let (factory, caps) = (factory.clone(), caps.clone());
             runs.spawn(async move {
                 let ctx = Ctx::new(factory, caps);
@@ -206,5 +269,13 @@ fn lost_reply_treated_as_failure_is_caught() {
     assert_caught(
         Defect::LostReplyTreatedAsFailure,
         &["ambiguous_acquire_resolves_on_retry"],
+    );
+}
+
+#[test]
+fn keep_alive_measured_from_reply_is_caught() {
+    assert_caught(
+        Defect::KeepAliveMeasuredFromReply,
+        &["keep_alive_is_measured_from_its_send"],
     );
 }

@@ -4,6 +4,24 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 
+/// How a backend keeps held leases alive. The core runs one renewal engine per client
+/// that drives all three, so holding many locks costs a constant number of tasks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Liveness {
+    /// Each lease is renewed by its own request
+    /// ([`LockBackend::renew`](crate::backend::LockBackend::renew)).
+    #[default]
+    PerLease,
+    /// The due leases of a client are renewed together in one round trip
+    /// ([`LockBackend::renew_many`](crate::backend::LockBackend::renew_many)).
+    Batched,
+    /// Leases live as long as the store session they were granted under; the backend keeps
+    /// each session alive with one keep-alive for all its leases and reports on it
+    /// ([`SessionKeeper`](crate::backend::SessionKeeper)). How the contract's TTL maps
+    /// onto sessions is each such backend's documented choice.
+    Session,
+}
+
 /// The guarantees and limits of one backend.
 ///
 /// Declared once in each backend with `..Capabilities::default()` for what it lacks. The
@@ -20,9 +38,8 @@ pub struct Capabilities {
     pub durable_fencing: bool,
     /// The core's reentrant [`LockOwner`](crate::LockOwner) may be used with this backend.
     pub reentrancy: bool,
-    /// Leases are bound to a store session (a connection): they end when it ends, not only
-    /// when their TTL runs out.
-    pub session_bound: bool,
+    /// How held leases stay alive, and so how the core's renewal engine drives them.
+    pub liveness: Liveness,
     /// The shortest TTL the store can keep.
     pub min_ttl: Duration,
     /// The longest TTL the store can keep.
@@ -40,7 +57,7 @@ impl Default for Capabilities {
             native_notification: false,
             durable_fencing: false,
             reentrancy: true,
-            session_bound: false,
+            liveness: Liveness::PerLease,
             min_ttl: Duration::from_millis(1),
             max_ttl: Duration::from_secs(24 * 60 * 60),
             ttl_granularity: Duration::from_millis(1),
@@ -49,6 +66,12 @@ impl Default for Capabilities {
 }
 
 impl Capabilities {
+    /// Whether leases are bound to a store session ([`Liveness::Session`]): they end when
+    /// it ends, not only when their TTL runs out.
+    pub fn session_bound(&self) -> bool {
+        self.liveness == Liveness::Session
+    }
+
     /// Refuses a TTL the store cannot keep, with [`ErrorKind::InvalidInput`](crate::ErrorKind).
     pub fn check_ttl(&self, ttl: Duration) -> Result<()> {
         if ttl.is_zero() {

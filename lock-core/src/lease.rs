@@ -6,8 +6,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::backend::{Grant, Session, SessionStatus};
 use crate::error::{Error, Result};
 use crate::key::LockKey;
+use crate::options::Renewal;
 
 /// A random 128-bit identity of one acquisition, chosen by the client before it sends the
 /// request so that a retried request can be recognised by the store as the same one.
@@ -105,6 +107,7 @@ pub struct Lease {
     drift: Duration,
     sent_at: Instant,
     valid_until: Instant,
+    session: Option<Session>,
 }
 
 impl Lease {
@@ -153,6 +156,19 @@ impl Lease {
         Instant::now() < self.valid_until
     }
 
+    /// The store session the lease lives by, on a session-bound backend.
+    pub fn session(&self) -> Option<&Session> {
+        self.session.as_ref()
+    }
+
+    /// The same lease with its deadline moved by what its session's status proves; `None`
+    /// when the status proves nothing newer than the lease already knows. An expired
+    /// session proves nothing: the lease is gone.
+    pub(crate) fn proven_by(&self, status: &SessionStatus) -> Option<Lease> {
+        (!status.expired && status.proven_at > self.sent_at)
+            .then(|| self.renewed(status.ttl, status.proven_at))
+    }
+
     /// The same lease, extended by a renewal with `ttl` sent at `sent_at`.
     ///
     /// Backends call this after the store confirmed the renewal.
@@ -186,11 +202,11 @@ impl Lease {
 
     /// What the store's "this lease is not held" means for this lease: before the local
     /// deadline the store cannot have expired it, so an earlier attempt of ours released
-    /// it ([`ReleaseOutcome::AlreadyReleased`](crate::ReleaseOutcome)); after the deadline
+    /// it ([`ReleaseOutcome::AlreadyReleased`](crate::backend::ReleaseOutcome)); after the deadline
     /// it may have expired, which is reported as [`ErrorKind::Lost`](crate::ErrorKind).
-    pub fn not_held_outcome(&self) -> Result<crate::ReleaseOutcome> {
+    pub fn not_held_outcome(&self) -> Result<crate::backend::ReleaseOutcome> {
         if self.is_valid() {
-            Ok(crate::ReleaseOutcome::AlreadyReleased)
+            Ok(crate::backend::ReleaseOutcome::AlreadyReleased)
         } else {
             Err(Error::lost(format!(
                 "lease on {:?} expired before it was released",
@@ -217,6 +233,8 @@ pub struct AcquireRequest {
     lease_id: LeaseId,
     ttl: Duration,
     drift: Duration,
+    renewal: Renewal,
+    holder_label: Option<Arc<str>>,
     unanswered: Arc<AtomicBool>,
 }
 
@@ -228,8 +246,34 @@ impl AcquireRequest {
             lease_id: LeaseId::random(),
             ttl,
             drift,
+            renewal: Renewal::Auto,
+            holder_label: None,
             unanswered: Arc::default(),
         }
+    }
+
+    /// The same request, renewed by `renewal`. A session backend needs it: a lease its
+    /// holder renews by hand must not live by a session that others keep alive.
+    pub fn with_renewal(mut self, renewal: Renewal) -> Self {
+        self.renewal = renewal;
+        self
+    }
+
+    /// The same request, labelled for [`LockStatus::holder`](crate::LockStatus::holder).
+    pub fn with_holder_label(mut self, label: Option<Arc<str>>) -> Self {
+        self.holder_label = label;
+        self
+    }
+
+    /// Who renews the lease once granted.
+    pub fn renewal(&self) -> Renewal {
+        self.renewal
+    }
+
+    /// A label saying who holds the lease (a host name, a job id), for operators; stores
+    /// that have room for it keep it.
+    pub fn holder_label(&self) -> Option<&str> {
+        self.holder_label.as_deref()
     }
 
     /// Records that an attempt of this acquisition got no usable answer (a time-out, a
@@ -272,16 +316,30 @@ impl AcquireRequest {
         self.drift
     }
 
-    /// The lease the store granted with `token`, for an attempt sent at `sent_at`.
-    pub fn grant(&self, token: FencingToken, sent_at: Instant) -> Lease {
-        Lease {
+    /// The lease the store granted, for an attempt sent at `sent_at`.
+    ///
+    /// A lease bound to a session lives by the session: its deadline runs from the send
+    /// time of the request that last proved the session alive, for the session's TTL (an
+    /// expired session gives a lease that is over at once).
+    pub fn grant(&self, grant: impl Into<Grant>, sent_at: Instant) -> Lease {
+        let grant = grant.into();
+        let lease = Lease {
             key: self.key.clone(),
             id: self.lease_id,
-            token,
+            token: grant.token(),
             ttl: self.ttl,
             drift: self.drift,
             sent_at,
             valid_until: local_deadline(sent_at, self.ttl, self.drift),
+            session: grant.session().cloned(),
+        };
+        match grant.session().map(Session::status) {
+            None => lease,
+            Some(status) if status.expired => Lease {
+                valid_until: sent_at.min(Instant::now()),
+                ..lease
+            },
+            Some(status) => lease.renewed(status.ttl, status.proven_at),
         }
     }
 }

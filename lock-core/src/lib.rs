@@ -1,10 +1,12 @@
 //! The distlock contract: one distributed-lock API for many stores.
 //!
-//! A backend crate implements the few primitive operations of [`LockBackend`]; this crate
-//! builds everything else on them once, for every store: waiting with backoff or the
-//! store's notifications, watchdog renewal, the lost-lock signal, reentrancy through
-//! [`LockOwner`], cleanup of abandoned acquisitions, and tracing. [`MemoryBackend`] is the
-//! reference backend.
+//! Users hold a [`LockClient`] over any backend and get [`LockGuard`]s from it. A backend
+//! crate implements the few primitive operations of [`backend::LockBackend`]; this crate
+//! builds everything else on them once, for every store: waiting with backoff, the
+//! store's notifications or its fair queue, one renewal engine per client (per lease,
+//! batched, or by session), the lost-lock signal, reentrancy through [`LockOwner`],
+//! clean-up of abandoned acquisitions, and tracing. [`MemoryBackend`] is the reference
+//! backend.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -18,7 +20,7 @@
 //! let guard = client.lock("ledger").ttl(Duration::from_secs(5)).await?;
 //! // Every write carries the fencing token, so a holder whose lease ran out is refused.
 //! ledger.write(guard.token(), |entries| entries.push("credit 10")).expect("newest token");
-//! assert!(guard.release().await?);
+//! guard.release().await?;
 //! # Ok(())
 //! # }
 //! ```
@@ -26,36 +28,36 @@
 //! The contract, and the conformance scenario that proves each guarantee on every
 //! backend, are in the repository's `docs/contract.md`.
 
-mod backend;
+pub mod backend;
 mod capabilities;
 mod client;
-mod detach;
+mod engine;
 mod error;
 mod fencing;
 mod guard;
 mod key;
 mod lease;
 mod memory;
-mod notify;
 mod options;
 mod owner;
+mod request;
+mod status;
 mod store_url;
-pub mod wait;
 
-pub use backend::{DynBackend, KeyWatch, LockBackend, LockBackendExt, LockInfo, ReleaseOutcome};
-pub use capabilities::Capabilities;
-pub use client::{LockClient, LockRequest};
-pub use detach::{finish_if_dropped, FinishIfDropped};
+pub use capabilities::{Capabilities, Liveness};
+pub use client::LockClient;
 pub use error::{Error, ErrorKind, Result};
 pub use fencing::{FencedResource, StaleToken};
 pub use guard::LockGuard;
 pub use key::LockKey;
-pub use lease::{default_drift_allowance, AcquireRequest, FencingToken, Lease, LeaseId};
-pub use memory::MemoryBackend;
-pub use notify::ReleaseFeed;
-pub use options::{AcquireOptions, Backoff, Renewal, Wait, WaitSpec};
+pub use lease::{default_drift_allowance, FencingToken, Lease, LeaseId};
+pub use memory::{MemoryBackend, MemoryLink};
+pub use options::{AcquireOptions, Backoff, Renewal, Wait};
 pub use owner::LockOwner;
+pub use request::LockRequest;
+pub use status::LockStatus;
 pub use store_url::{redact_url, StoreHost, StoreUrl};
 
-/// Re-exported so backend crates implement [`LockBackend`] with the same macro version.
+/// Re-exported so backend crates implement [`backend::LockBackend`] with the same macro
+/// version.
 pub use async_trait::async_trait;

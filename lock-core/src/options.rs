@@ -1,5 +1,6 @@
 //! How to acquire: TTL, waiting, renewal, backoff.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::lease::default_drift_allowance;
@@ -84,6 +85,9 @@ pub struct AcquireOptions {
     /// The longest one store request may take before it counts as unanswered
     /// ([`ErrorKind::Unavailable`](crate::ErrorKind)). Default 5 s.
     pub request_timeout: Duration,
+    /// Who holds the lock, for operators ([`LockStatus::holder`](crate::LockStatus)):
+    /// a host name, a job id. Kept by the stores that have room for it. Default: none.
+    pub holder_label: Option<Arc<str>>,
 }
 
 impl Default for AcquireOptions {
@@ -95,6 +99,7 @@ impl Default for AcquireOptions {
             clock_drift: None,
             backoff: Backoff::default(),
             request_timeout: Duration::from_secs(5),
+            holder_label: None,
         }
     }
 }
@@ -117,9 +122,9 @@ pub(crate) fn saturating_add(instant: Instant, by: Duration) -> Instant {
     })
 }
 
-/// A wait as handed to [`LockBackend::acquire`](crate::LockBackend::acquire).
+/// One wait, as the acquisition engine runs it.
 #[derive(Clone, Copy, Debug)]
-pub struct WaitSpec {
+pub(crate) struct WaitSpec {
     /// When to give up; `None` waits for ever.
     pub until: Option<Instant>,
     /// Pauses between attempts.

@@ -4,10 +4,16 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lock_core::{AcquireRequest, FencedResource, FencingToken, LockBackendExt, Renewal};
+use lock_core::{
+    backend::{AcquireRequest, LockBackendExt},
+    FencedResource, FencingToken, Renewal,
+};
 use tokio::task::JoinSet;
 
 use crate::ensure;
+use lock_core::ErrorKind;
+use crate::harness::expect_kind;
+use crate::harness::released;
 use crate::harness::{eventually, join_all, within, Ctx, Failure, Outcome};
 
 const CLIENTS: usize = 4;
@@ -39,10 +45,7 @@ pub async fn mutual_exclusion(ctx: &Ctx) -> Outcome {
                 tokio::time::sleep(Duration::from_millis(fastrand::u64(1..4))).await;
                 *counter.lock().unwrap_or_else(|p| p.into_inner()) = seen + 1;
                 inside.fetch_sub(1, Ordering::SeqCst);
-                ensure!(
-                    guard.release().await?,
-                    "a holder found its lease gone at release"
-                );
+                released(guard.release().await, "a holder found its lease gone at release")?;
             }
             Ok::<(), Failure>(())
         });
@@ -195,10 +198,7 @@ pub async fn stale_holder_is_fenced_out(ctx: &Ctx) -> Outcome {
         "resource holds {:?}",
         resource.read(|log| log.clone())
     );
-    ensure!(
-        !stale.release().await?,
-        "releasing the lost lease reported it as still held"
-    );
-    ensure!(fresh.release().await?, "the new holder lost its lease");
+    expect_kind(stale.release().await, ErrorKind::Lost, "releasing the lost lease reported it as still held")?;
+    released(fresh.release().await, "the new holder lost its lease")?;
     Ok(())
 }

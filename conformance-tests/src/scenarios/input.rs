@@ -4,12 +4,13 @@
 use std::time::Duration;
 
 use lock_core::{
-    default_drift_allowance, AcquireOptions, AcquireRequest, Backoff, ErrorKind, LockBackendExt,
-    LockKey, ReleaseOutcome,
+    backend::{AcquireRequest, LockBackendExt, ReleaseOutcome},
+    default_drift_allowance, AcquireOptions, Backoff, ErrorKind, LockKey,
 };
 use tokio::task::JoinSet;
 
 use crate::ensure;
+use crate::harness::released;
 use crate::harness::{expect_kind, within, Ctx, Failure, Outcome, SLACK};
 
 /// Empty, over-long and control-character keys are invalid input, and no call reaches the
@@ -147,7 +148,7 @@ pub async fn extreme_options_are_refused_or_work(ctx: &Ctx) -> Outcome {
         ErrorKind::TimedOut,
         "a bounded wait with an unlimited backoff cap",
     )?;
-    ensure!(held.release().await?, "rival lost its lease");
+    released(held.release().await, "rival lost its lease")?;
     let guard = within(
         SLACK * 3,
         "an unbounded wait on a free key",
@@ -157,7 +158,7 @@ pub async fn extreme_options_are_refused_or_work(ctx: &Ctx) -> Outcome {
             .wait_up_to(Duration::MAX),
     )
     .await??;
-    ensure!(guard.release().await?, "lease gone at release");
+    released(guard.release().await, "lease gone at release")?;
     Ok(())
 }
 

@@ -3,16 +3,47 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use lock_core::Capabilities;
+use lock_core::{Capabilities, Liveness};
 
-use crate::harness::{Ctx, Outcome};
+use crate::harness::{BackendFactory, Ctx, Outcome};
 
 pub mod exclusion;
 pub mod input;
 pub mod ownership;
 pub mod recovery;
 pub mod renewal;
+pub mod sessions;
 pub mod waiting;
+
+/// What a backend under test offers: its capabilities, and what its factory can build.
+#[derive(Clone, Debug)]
+pub struct Offers {
+    /// The backend's declared capabilities.
+    pub capabilities: Capabilities,
+    /// The factory builds clients of an unreachable store.
+    pub unreachable_client: bool,
+    /// The factory builds clients whose link to the store can be cut or slowed.
+    pub link: bool,
+}
+
+impl Offers {
+    /// Asks `factory` what it offers.
+    pub async fn probe(factory: &dyn BackendFactory) -> lock_core::Result<Offers> {
+        let backend = factory.connect().await?;
+        let link = match factory.connect_with_link().await {
+            Some(connected) => {
+                connected?;
+                true
+            }
+            None => false,
+        };
+        Ok(Offers {
+            capabilities: backend.capabilities().clone(),
+            unreachable_client: factory.connect_unreachable().await.is_some(),
+            link,
+        })
+    }
+}
 
 /// What a scenario needs from the backend before it can be registered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,12 +52,15 @@ pub enum Needs {
     Nothing,
     /// [`Capabilities::fair_ordering`].
     FairOrdering,
-    /// [`Capabilities::native_notification`] used by the core's waiting loop (a fair
-    /// backend's own queue wakes its waiters without it).
-    NotifiedPolling,
-    /// The core's own polling loop, which retries an unanswered attempt with the same
-    /// lease id (a fair backend waits in its own queue instead).
-    CorePolling,
+    /// [`Capabilities::native_notification`]: waiters are woken by the store.
+    Notification,
+    /// Leases renewed by request ([`Liveness::PerLease`] or [`Liveness::Batched`]), so
+    /// faults on [`Op::Renew`](crate::Op::Renew) stop renewals. A session backend's
+    /// leases live by keep-alives instead; the session scenarios prove the same
+    /// guarantees for it by cutting its link.
+    KeyRenewal,
+    /// [`Liveness::Session`], and a factory that can cut or slow a client's link.
+    SessionLink,
     /// [`Capabilities::reentrancy`].
     Reentrancy,
     /// A factory that can build a client of an unreachable store.
@@ -35,27 +69,25 @@ pub enum Needs {
 
 impl Needs {
     /// `Ok` when the scenario applies, or why it does not.
-    pub fn check(
-        self,
-        caps: &Capabilities,
-        has_unreachable_client: bool,
-    ) -> Result<(), &'static str> {
+    pub fn check(self, offers: &Offers) -> Result<(), &'static str> {
+        let caps = &offers.capabilities;
         match self {
             Needs::Nothing => Ok(()),
             Needs::FairOrdering if !caps.fair_ordering => {
                 Err("no fair ordering: waiters are not queued")
             }
-            Needs::NotifiedPolling if !caps.native_notification => {
+            Needs::Notification if !caps.native_notification => {
                 Err("no native notification: waiters only poll")
             }
-            Needs::NotifiedPolling if caps.fair_ordering => {
-                Err("its fair queue wakes waiters, not notifications")
+            Needs::KeyRenewal if caps.liveness == Liveness::Session => {
+                Err("leases live by session keep-alives (the session scenarios cover it)")
             }
-            Needs::CorePolling if caps.fair_ordering => {
-                Err("its fair queue waits in the store: the core does not retry its attempts")
+            Needs::SessionLink if caps.liveness != Liveness::Session => {
+                Err("leases are not bound to sessions")
             }
+            Needs::SessionLink if !offers.link => Err("the factory cannot cut a client's link"),
             Needs::Reentrancy if !caps.reentrancy => Err("reentrant owners are unsupported"),
-            Needs::UnreachableClient if !has_unreachable_client => {
+            Needs::UnreachableClient if !offers.unreachable_client => {
                 Err("embedded store: nothing to be unreachable")
             }
             _ => Ok(()),
@@ -99,20 +131,20 @@ scenarios! {
     ownership::expired_lease_is_lost_even_if_untaken => Nothing,
     ownership::release_is_idempotent => Nothing,
     renewal::renewal_keeps_lock_across_ten_ttls => Nothing,
-    renewal::no_zombie_renewal_after_release => Nothing,
-    renewal::lost_signal_precedes_takeover => Nothing,
+    renewal::no_zombie_renewal_after_release => KeyRenewal,
+    renewal::lost_signal_precedes_takeover => KeyRenewal,
     renewal::manual_renewal_extends_then_expires => Nothing,
     waiting::try_lock_returns_at_once => Nothing,
     waiting::bounded_wait_times_out => Nothing,
     waiting::waiter_wakes_promptly_after_release => Nothing,
     waiting::waiters_take_turns_promptly => Nothing,
-    waiting::waiter_wakes_despite_dropped_notification => NotifiedPolling,
+    waiting::waiter_wakes_despite_dropped_notification => Notification,
     waiting::fifo_order_with_dead_waiter => FairOrdering,
-    waiting::subscription_setup_is_bounded_by_the_wait => NotifiedPolling,
+    waiting::subscription_setup_is_bounded_by_the_wait => Notification,
     recovery::reentrancy_accounting => Reentrancy,
     recovery::owner_tasks_keep_their_own_bounds => Reentrancy,
     recovery::stillborn_grant_is_never_handed_out => Nothing,
-    recovery::phantom_hold_of_a_retried_acquire_is_released => CorePolling,
+    recovery::phantom_hold_of_a_retried_acquire_is_released => Nothing,
     recovery::cancelled_release_still_releases => Nothing,
     recovery::cancelled_acquire_leaves_nothing_held => Nothing,
     recovery::late_landing_acquire_is_released => Nothing,
@@ -120,6 +152,9 @@ scenarios! {
     recovery::ambiguous_release_resolves_on_retry => Nothing,
     recovery::unavailable_store_is_retryable_and_recovers => Nothing,
     recovery::unreachable_store_reports_unavailable => UnreachableClient,
+    sessions::session_expiry_loses_every_lease_before_a_rival_is_granted => SessionLink,
+    sessions::disconnected_session_stops_extending_the_deadline => SessionLink,
+    sessions::keep_alive_is_measured_from_its_send => SessionLink,
     input::invalid_keys_are_refused => Nothing,
     input::invalid_ttls_are_refused => Nothing,
     input::extreme_options_are_refused_or_work => Nothing,

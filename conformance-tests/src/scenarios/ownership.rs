@@ -3,8 +3,8 @@
 use std::time::{Duration, Instant};
 
 use lock_core::{
-    default_drift_allowance, AcquireRequest, DynBackend, ErrorKind, Lease, LeaseId, LockBackendExt,
-    LockKey, ReleaseOutcome,
+    backend::{AcquireRequest, DynBackend, LockBackendExt, ReleaseOutcome},
+    default_drift_allowance, ErrorKind, Lease, LeaseId, LockKey,
 };
 
 use crate::ensure;

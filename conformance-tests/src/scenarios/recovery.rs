@@ -4,11 +4,12 @@ use std::future::IntoFuture;
 use std::time::Duration;
 
 use lock_core::{
-    default_drift_allowance, AcquireOptions, AcquireRequest, ErrorKind, LockBackendExt, LockKey,
-    ReleaseOutcome, Wait,
+    backend::{AcquireRequest, LockBackendExt, ReleaseOutcome},
+    default_drift_allowance, AcquireOptions, ErrorKind, LockKey, Wait,
 };
 
 use crate::ensure;
+use crate::harness::released;
 use crate::faults::{Fault, Op};
 use crate::harness::{
     eventually, expect_kind, unavailable_within, within, Ctx, Failure, Outcome, SLACK,
@@ -44,14 +45,8 @@ pub async fn reentrancy_accounting(ctx: &Ctx) -> Outcome {
         ErrorKind::HeldByAnother,
         "rival while re-entered",
     )?;
-    ensure!(
-        from_task.release().await?,
-        "inner release reported the lock gone"
-    );
-    ensure!(
-        inner.release().await?,
-        "inner release reported the lock gone"
-    );
+    released(from_task.release().await, "inner release reported the lock gone")?;
+    released(inner.release().await, "inner release reported the lock gone")?;
     let info = rival
         .inspect(&key)
         .await?
@@ -60,7 +55,7 @@ pub async fn reentrancy_accounting(ctx: &Ctx) -> Outcome {
         info.token == outer.token(),
         "the key changed hands after inner releases"
     );
-    ensure!(outer.release().await?, "outermost release failed");
+    released(outer.release().await, "outermost release failed")?;
     ensure!(
         rival.inspect(&key).await?.is_none(),
         "outermost release did not free the key"
@@ -113,7 +108,7 @@ pub async fn cancelled_acquire_leaves_nothing_held(ctx: &Ctx) -> Outcome {
             "a waiter got a held key"
         );
     }
-    ensure!(holder.release().await?, "holder lost its lease");
+    released(holder.release().await, "holder lost its lease")?;
     ensure!(
         observer.inspect(&key).await?.is_none(),
         "a cancelled waiter holds the key"
@@ -182,7 +177,8 @@ pub async fn ambiguous_acquire_resolves_on_retry(ctx: &Ctx) -> Outcome {
         "the lost reply was not retried"
     );
     let info = rival
-        .inspect(&key)
+        .backend()
+        .inspect(&LockKey::new(&key)?)
         .await?
         .ok_or_else(|| Failure("the key is free".into()))?;
     ensure!(
@@ -195,7 +191,7 @@ pub async fn ambiguous_acquire_resolves_on_retry(ctx: &Ctx) -> Outcome {
         ErrorKind::HeldByAnother,
         "rival after an ambiguous acquire",
     )?;
-    ensure!(guard.release().await?, "lease gone at release");
+    released(guard.release().await, "lease gone at release")?;
     ensure!(
         rival.inspect(&key).await?.is_none(),
         "an extra hold remains"
@@ -204,8 +200,8 @@ pub async fn ambiguous_acquire_resolves_on_retry(ctx: &Ctx) -> Outcome {
     let backend = ctx.backend().await?;
     let ttl = ctx.long_ttl();
     let request = AcquireRequest::new(LockKey::new(&key)?, ttl, default_drift_allowance(ttl));
-    let first = backend.try_acquire(&request).await?;
-    let retry = backend.try_acquire(&request).await?;
+    let first = backend.try_acquire(&request).await?.map(|g| g.token());
+    let retry = backend.try_acquire(&request).await?.map(|g| g.token());
     ensure!(
         first.is_some() && first == retry,
         "a retried grant returned {retry:?} after {first:?}"
@@ -223,10 +219,7 @@ pub async fn ambiguous_release_resolves_on_retry(ctx: &Ctx) -> Outcome {
     let guard = client.lock(&key).await?;
     let lease = guard.lease();
     faulty.inject_times(Op::Release, Fault::ApplyThenDropReply, 1);
-    ensure!(
-        guard.release().await?,
-        "the release whose reply was lost reported the lease gone"
-    );
+    released(guard.release().await, "the release whose reply was lost reported the lease gone")?;
     ensure!(
         faulty.calls(Op::Release) >= 2,
         "the lost reply was not retried"
@@ -255,7 +248,7 @@ pub async fn unavailable_store_is_retryable_and_recovers(ctx: &Ctx) -> Outcome {
     unavailable_within(Duration::ZERO, "failing store", client.try_lock(&key)).await?;
     faulty.heal();
     let guard = client.lock(&key).wait_up_to(Duration::from_secs(5)).await?;
-    ensure!(guard.release().await?, "lease gone at release");
+    released(guard.release().await, "lease gone at release")?;
     Ok(())
 }
 
@@ -319,10 +312,7 @@ pub async fn stillborn_grant_is_never_handed_out(ctx: &Ctx) -> Outcome {
         ErrorKind::HeldByAnother,
         "rival after the retried grant",
     )?;
-    ensure!(
-        guard.release().await?,
-        "the retried lease was gone at release"
-    );
+    released(guard.release().await, "the retried lease was gone at release")?;
 
     faulty.inject_times(Op::Acquire, Fault::ApplyThenDelayReply(ttl), 1);
     let not_waiting = client.lock(&key).ttl(ttl).no_wait().await;
@@ -355,7 +345,7 @@ pub async fn phantom_hold_of_a_retried_acquire_is_released(ctx: &Ctx) -> Outcome
         .options(options)
         .wait_up_to(Duration::from_secs(10))
         .await?;
-    ensure!(guard.release().await?, "lease gone at release");
+    released(guard.release().await, "lease gone at release")?;
     // Had the retry been slower than the late attempt, that attempt granted the lease
     // first and the release removed it; either way the key must end up free.
     eventually(
@@ -438,14 +428,14 @@ pub async fn owner_tasks_keep_their_own_bounds(ctx: &Ctx) -> Outcome {
         "the owner's other tasks waited {:?}",
         started.elapsed()
     );
-    ensure!(held.release().await?, "rival lost its lease");
+    released(held.release().await, "rival lost its lease")?;
     let guard = within(SLACK * 10, "the owner's waiting task", waiting)
         .await?
         .map_err(|e| Failure(format!("waiting task failed: {e}")))??;
     let again = within(SLACK, "re-entry", owner.try_lock(&key)).await??;
     ensure!(again.token() == guard.token(), "re-entry changed the token");
     again.release().await?;
-    ensure!(guard.release().await?, "outermost release failed");
+    released(guard.release().await, "outermost release failed")?;
     ensure!(owner.holds(&key) == 0, "owner still counts entries");
     Ok(())
 }

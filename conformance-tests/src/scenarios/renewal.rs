@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use lock_core::{AcquireOptions, ErrorKind, Renewal, Wait};
 
 use crate::ensure;
+use crate::harness::released;
 use crate::faults::{Fault, Op};
 use crate::harness::{
     eventually, expect_kind, granted_within, spawn_lock, within, Ctx, Failure, Outcome, SLACK,
@@ -48,10 +49,7 @@ pub async fn renewal_keeps_lock_across_ten_ttls(ctx: &Ctx) -> Outcome {
         !lost.load(Ordering::SeqCst),
         "lost() fired for a renewed lease"
     );
-    ensure!(
-        guard.release().await?,
-        "the renewed lease was gone at release"
-    );
+    released(guard.release().await, "the renewed lease was gone at release")?;
     watcher.abort();
     Ok(())
 }
@@ -81,7 +79,7 @@ pub async fn no_zombie_renewal_after_release(ctx: &Ctx) -> Outcome {
             )
             .await?;
         } else {
-            ensure!(guard.release().await?, "lease gone at release");
+            released(guard.release().await, "lease gone at release")?;
         }
         let after = faulty.calls(Op::Renew);
         tokio::time::sleep(ttl * 2).await; // the watch window itself: renewals would happen at ttl/3
@@ -146,10 +144,7 @@ pub async fn lost_signal_precedes_takeover(ctx: &Ctx) -> Outcome {
         ErrorKind::Lost,
         "renewing a lost lease",
     )?;
-    ensure!(
-        !guard.release().await?,
-        "a lost lease was reported held at release"
-    );
+    expect_kind(guard.release().await, ErrorKind::Lost, "a lost lease was reported held at release")?;
     Ok(())
 }
 
@@ -181,9 +176,6 @@ pub async fn manual_renewal_extends_then_expires(ctx: &Ctx) -> Outcome {
         ErrorKind::Lost,
         "renewing after the deadline",
     )?;
-    ensure!(
-        !guard.release().await?,
-        "an expired lease was reported held at release"
-    );
+    expect_kind(guard.release().await, ErrorKind::Lost, "an expired lease was reported held at release")?;
     Ok(())
 }

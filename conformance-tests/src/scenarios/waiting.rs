@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use lock_core::{AcquireOptions, Backoff, ErrorKind, LockKey};
 
 use crate::ensure;
+use crate::harness::released;
 use crate::faults::{Fault, FaultyBackend, Op};
 use crate::harness::{
     eventually, expect_kind, granted_within, spawn_lock, within, Ctx, Failure, Outcome, SLACK,
@@ -28,7 +29,7 @@ pub async fn try_lock_returns_at_once(ctx: &Ctx) -> Outcome {
         started.elapsed()
     );
     ensure!(err.is_retryable(), "held-by-another must be retryable");
-    ensure!(guard.release().await?, "holder lost its lease");
+    released(guard.release().await, "holder lost its lease")?;
     ensure!(
         rival.inspect(&key).await?.is_none(),
         "the failed try-lock left a hold behind"
@@ -58,7 +59,7 @@ pub async fn bounded_wait_times_out(ctx: &Ctx) -> Outcome {
         waited <= bound + SLACK,
         "gave up after {waited:?}, bound {bound:?}"
     );
-    ensure!(guard.release().await?, "holder lost its lease");
+    released(guard.release().await, "holder lost its lease")?;
     ensure!(
         waiter.inspect(&key).await?.is_none(),
         "the timed-out waiter left a hold behind"
@@ -159,7 +160,7 @@ pub async fn waiters_take_turns_promptly(ctx: &Ctx) -> Outcome {
     }
     until_n_waiting(ctx, &faulty, &key, before, WAITERS).await?;
     let released_at = Instant::now();
-    ensure!(guard.release().await?, "holder lost its lease");
+    released(guard.release().await, "holder lost its lease")?;
     let limit = (hold + bound) * WAITERS as u32;
     crate::harness::join_all(limit + Duration::from_secs(10), "waiters", &mut tasks).await?;
     let took = released_at.elapsed();
@@ -220,7 +221,7 @@ async fn release_wakes_waiter(
         );
     }
     let released_at = Instant::now();
-    ensure!(guard.release().await?, "holder lost its lease");
+    released(guard.release().await, "holder lost its lease")?;
     let (got, got_at) = granted_within(bound + Duration::from_secs(5), "waiter", task).await?;
     let latency = got_at - released_at;
     ensure!(
@@ -299,7 +300,7 @@ pub async fn subscription_setup_is_bounded_by_the_wait(ctx: &Ctx) -> Outcome {
         client.lock(&key).wait_up_to(bound),
     )
     .await??;
-    ensure!(guard.release().await?, "lease gone at release");
+    released(guard.release().await, "lease gone at release")?;
     let holder = ctx.client().await?;
     let held = holder.lock(&key).await?;
     let waiter = spawn_lock(
@@ -310,7 +311,7 @@ pub async fn subscription_setup_is_bounded_by_the_wait(ctx: &Ctx) -> Outcome {
             ..ctx.options()
         },
     );
-    ensure!(held.release().await?, "holder lost its lease");
+    released(held.release().await, "holder lost its lease")?;
     // No notification can come: the fallback poll (at most the backoff cap) finds it.
     let (guard, _) = granted_within(
         ctx.options().backoff.max + SLACK * 2,
@@ -318,6 +319,6 @@ pub async fn subscription_setup_is_bounded_by_the_wait(ctx: &Ctx) -> Outcome {
         waiter,
     )
     .await?;
-    ensure!(guard.release().await?, "lease gone at release");
+    released(guard.release().await, "lease gone at release")?;
     Ok(())
 }

@@ -1,26 +1,33 @@
-//! Waiting for a held key: polling with backoff, woken early by store notifications.
+//! Waiting for a held key: attempts with backoff, woken early by store notifications.
 
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
 use std::task::Poll;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::time::{sleep_until, Instant as TokioInstant};
 
-use crate::backend::{KeyWatch, LockBackend, LockBackendExt};
+use crate::backend::KeyWatch;
 use crate::error::{Error, ErrorKind, Result};
-use crate::lease::{AcquireRequest, Lease};
+use crate::key::LockKey;
+use crate::lease::Lease;
 use crate::options::{saturating_add, WaitSpec};
 
-/// The default [`LockBackend::acquire`]: attempt, and while the key is held pause with
-/// exponential backoff and full jitter until the wait ends.
+/// A subscription being set up.
+pub(crate) type Subscribing<'a> =
+    Pin<Box<dyn Future<Output = Result<Option<Box<dyn KeyWatch>>>> + Send + 'a>>;
+
+/// Attempts until one grants the key or the wait ends: while the key is held, pauses with
+/// exponential backoff and full jitter.
 ///
-/// With native notification the pause also ends when the store reports a change; the
-/// subscription is made *before* the first attempt, so a release between an attempt and
-/// the pause cannot be missed, and the backoff still caps every pause, so a dropped
-/// notification costs at most one poll interval. An unreachable store is retried within
-/// the wait; if the wait ends while the store is unreachable the error is
-/// [`ErrorKind::Unavailable`], not a time-out, because the key may well be free.
+/// `attempt` is called with the time-out of one request and answers
+/// [`ErrorKind::HeldByAnother`] while the key is not ours. With a subscription the pause
+/// also ends when the store reports a change; it is started *before* the first attempt,
+/// so a release between an attempt and the pause cannot be missed, and the backoff still
+/// caps every pause, so a dropped notification costs at most one poll interval. An
+/// unreachable store is retried within the wait; if the wait ends while the store is
+/// unreachable the error is [`ErrorKind::Unavailable`], not a time-out, because the key
+/// may well be free.
 ///
 /// The subscription is set up alongside the attempts: a slow one makes the waiter poll
 /// meanwhile, so it cannot use up a bounded wait. When it completes after an attempt
@@ -30,15 +37,17 @@ use crate::options::{saturating_add, WaitSpec};
 /// too, later wake-ups pause with jittered backoff first, so clients woken together by one
 /// release do not retry in lock-step (quorum stores need that to break split votes). The
 /// fallback poll is jittered for the same reason.
-pub async fn acquire_by_polling<B: LockBackend + ?Sized>(
-    backend: &B,
-    request: &AcquireRequest,
+pub(crate) async fn wait_for_grant<'a, A, F>(
+    key: &LockKey,
     wait: &WaitSpec,
-) -> Result<Lease> {
-    let mut subscribing = backend
-        .capabilities()
-        .native_notification
-        .then(|| backend.watch(request.key()));
+    subscribing: Option<Subscribing<'a>>,
+    mut attempt_once: A,
+) -> Result<Lease>
+where
+    A: FnMut(Duration) -> F,
+    F: Future<Output = Result<Lease>>,
+{
+    let mut subscribing = subscribing;
     let mut watch = None;
     // Notification wake-ups so far whose attempt still found the key held.
     let mut woken_in_vain: u32 = 0;
@@ -52,7 +61,7 @@ pub async fn acquire_by_polling<B: LockBackend + ?Sized>(
             Some(until) if until > now && until - now < wait.request_timeout => (until - now, true),
             _ => (wait.request_timeout, false),
         };
-        let once = backend.acquire_once(request, timeout);
+        let once = attempt_once(timeout);
         let (outcome, subscribed_meanwhile) = alongside(once, &mut subscribing, &mut watch).await;
         let failure = match outcome {
             Ok(lease) => {
@@ -81,7 +90,7 @@ pub async fn acquire_by_polling<B: LockBackend + ?Sized>(
                         ErrorKind::TimedOut,
                         format!(
                             "{:?} stayed held for the whole wait",
-                            request.key().as_str()
+                            key.as_str()
                         ),
                     ),
                     _ => failure,
@@ -130,9 +139,6 @@ pub async fn acquire_by_polling<B: LockBackend + ?Sized>(
         }
     }
 }
-
-/// A subscription being set up.
-type Subscribing<'a> = Pin<Box<dyn Future<Output = Result<Option<Box<dyn KeyWatch>>>> + Send + 'a>>;
 
 /// Runs `work` while driving a pending subscription, keeping the watch once it is made.
 /// Also says whether the subscription completed only after `work` had begun.

@@ -10,7 +10,7 @@ use tokio::sync::{watch, Notify};
 
 use crate::backend::KeyWatch;
 use crate::error::{Error, ErrorKind, Result};
-use crate::guard::lock;
+use crate::backend::lock_unpoisoned as lock;
 
 /// Where a backend announces releases and its waiters subscribe.
 ///

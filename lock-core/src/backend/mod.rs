@@ -1,0 +1,394 @@
+//! What a backend crate implements, and the pieces of the core it builds with.
+//!
+//! Users never need this module: they hold a [`LockClient`](crate::LockClient). A backend
+//! implements [`LockBackend`] (the store's few atomic operations), declares its
+//! [`Capabilities`] once, and reuses what is here for what every store needs: request
+//! time-outs ([`with_timeout`]), release notifications ([`ReleaseFeed`]) fed by a
+//! supervised listener ([`supervise_listener`]), sessions ([`SessionKeeper`]), requests
+//! that must finish once sent ([`finish_if_dropped`]) and a poison-tolerant mutex
+//! ([`lock_unpoisoned`]).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+mod detach;
+mod feed;
+mod listener;
+mod session;
+mod support;
+
+pub use crate::capabilities::{Capabilities, Liveness};
+pub use crate::lease::AcquireRequest;
+pub use detach::{finish_if_dropped, FinishIfDropped};
+pub use feed::ReleaseFeed;
+pub use listener::{supervise_listener, ListenerLink, ListenerTask};
+pub use session::{Session, SessionKeeper, SessionStatus};
+pub use support::{lock_unpoisoned, with_timeout};
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::key::LockKey;
+use crate::lease::{FencingToken, Lease, LeaseId};
+
+/// A shareable, type-erased backend: what the client layer and the conformance suite hold.
+pub type DynBackend = Arc<dyn LockBackend>;
+
+/// Who holds a key right now, as the store sees it. For the core and backend tests: the
+/// lease id is the right to release, so users see a [`LockStatus`](crate::LockStatus)
+/// without it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HolderInfo {
+    /// The holder's lease id.
+    pub lease_id: LeaseId,
+    /// The holder's fencing token.
+    pub token: FencingToken,
+    /// Time left before the store expires the lease, by the store's clock.
+    pub remaining_ttl: Duration,
+    /// How many acquisitions queue for the key, where the store keeps a queue (fair
+    /// backends must report it); `None` when it does not know.
+    pub waiters: Option<usize>,
+    /// The holder's label ([`AcquireRequest::holder_label`]), where the store keeps it.
+    pub holder: Option<String>,
+}
+
+/// How a release ended, from the releasing lease's point of view.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    /// The lease was live and is now released.
+    Released,
+    /// The lease was not held, and it cannot have expired yet: an earlier attempt (whose
+    /// reply may have been lost) released it already. Nobody else's lock was touched.
+    AlreadyReleased,
+}
+
+/// What a store answers to a successful acquisition attempt.
+#[derive(Clone, Debug)]
+pub struct Grant {
+    token: FencingToken,
+    session: Option<Session>,
+}
+
+impl Grant {
+    /// A grant that lives by its own TTL (and renewals of it).
+    pub fn new(token: FencingToken) -> Self {
+        Grant {
+            token,
+            session: None,
+        }
+    }
+
+    /// A grant that lives as long as `session` ([`Liveness::Session`]): its local deadline
+    /// is the session's, and moves with the session's keep-alives.
+    pub fn in_session(token: FencingToken, session: Session) -> Self {
+        Grant {
+            token,
+            session: Some(session),
+        }
+    }
+
+    /// The fencing token of the new ownership.
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// The session the lease is bound to, if any.
+    pub fn session(&self) -> Option<&Session> {
+        self.session.as_ref()
+    }
+}
+
+impl From<FencingToken> for Grant {
+    fn from(token: FencingToken) -> Self {
+        Grant::new(token)
+    }
+}
+
+/// A queued waiter's look at its turn ([`LockBackend::try_acquire_queued`]).
+#[derive(Debug)]
+pub enum Turn {
+    /// The waiter was at the head of the queue, its own entry (and session) still alive,
+    /// and the key was free: it holds the key now.
+    Granted(Grant),
+    /// Others are ahead, or the key is still held.
+    Waiting,
+    /// The waiter's entry is gone (it expired or was removed): it must enqueue again.
+    NotQueued,
+}
+
+/// One lease to renew in a [`LockBackend::renew_many`] call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseRenewal {
+    /// The locked key.
+    pub key: LockKey,
+    /// The lease to extend.
+    pub lease_id: LeaseId,
+    /// The TTL to extend it to, from now.
+    pub ttl: Duration,
+}
+
+/// Notifications that a key may have become free. Spurious wake-ups are allowed; missed
+/// ones are covered by the waiter's fallback poll.
+#[async_trait]
+pub trait KeyWatch: Send {
+    /// Resolves when the key may have changed since the watch began or since the last call.
+    async fn changed(&mut self) -> Result<()>;
+}
+
+/// The primitive operations of one store; the only trait a backend crate implements.
+///
+/// Every mutating operation is conditional on the lease id and idempotent under retry.
+/// Waiting, renewal, reentrancy, lost-lock signalling, cancellation clean-up and tracing
+/// live in the core on top of these operations.
+///
+/// Which optional groups a backend implements follows from its [`Capabilities`]:
+/// - [`Liveness::PerLease`]: [`renew`](Self::renew) (the core renews each lease with it).
+/// - [`Liveness::Batched`]: [`renew_many`](Self::renew_many) in one round trip.
+/// - [`Liveness::Session`]: grants carry a [`Session`] ([`Grant::in_session`]) that the
+///   backend keeps alive and reports on; [`renew`](Self::renew) proves one lease and its
+///   session alive on demand (manual renewal).
+/// - [`fair_ordering`](Capabilities::fair_ordering): the queue operations
+///   ([`enqueue`](Self::enqueue), [`try_acquire_queued`](Self::try_acquire_queued),
+///   [`leave_queue`](Self::leave_queue), [`watch_turn`](Self::watch_turn)).
+#[async_trait]
+pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
+    /// A short name for logs and reports (`"memory"`, `"redis"`, `"postgres"`, ...).
+    fn name(&self) -> &'static str;
+
+    /// What this backend guarantees; the same value for the life of the backend.
+    fn capabilities(&self) -> &Capabilities;
+
+    /// One atomic attempt: grants the key to `request.lease_id()` when it is free, when
+    /// its lease expired, or when it is already held by that same lease id (a retry whose
+    /// reply was lost: the same token is returned and the TTL starts again). Returns
+    /// `Ok(None)` when a different live lease holds the key. A new grant's token is
+    /// greater than every token issued before for the key. On a fair backend it never
+    /// jumps the queue: while anyone queues for the key it grants nothing.
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>>;
+
+    /// Extends the live lease `lease_id` on `key` to `ttl` from now. Returns `false` when
+    /// that lease is not live in the store (expired, released or replaced): the lease is
+    /// lost, and nothing is changed. On a session backend, proves the lease's entry and
+    /// its session alive (refreshing the session).
+    async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool>;
+
+    /// Renews many leases, answering for each in order as [`renew`](Self::renew) would.
+    /// The default sends one [`renew`](Self::renew) per lease, a bounded number at a
+    /// time; a [`Liveness::Batched`] backend overrides it with one round trip.
+    async fn renew_many(&self, leases: &[LeaseRenewal]) -> Vec<Result<bool>> {
+        use futures_util::StreamExt;
+        let renewals: Vec<_> = leases
+            .iter()
+            .map(|lease| self.renew(&lease.key, lease.lease_id, lease.ttl))
+            .collect();
+        futures_util::stream::iter(renewals)
+            .buffered(64)
+            .collect()
+            .await
+    }
+
+    /// Removes the lease `lease_id` on `key` if it is live. Returns `false` when it was not
+    /// live (never held, already released, expired, or replaced by another lease), in
+    /// which case nothing else is touched. A backend that keeps expired entries may delete
+    /// its own expired entry.
+    async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool>;
+
+    /// Who holds `key`, or `None` if it is free (expired leases count as free).
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>>;
+
+    /// Subscribes to changes of `key`. `Ok(None)` (the default) means the backend has no
+    /// native notification and waiters poll.
+    async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {
+        let _ = key;
+        Ok(None)
+    }
+
+    /// Fair backends: puts `request` in the key's queue behind everyone already there.
+    ///
+    /// Idempotent per lease id: the core retries an unanswered enqueue with the same
+    /// request, which must find its entry and keep its place, never add a second one.
+    /// The entry dies with its waiter: the core removes it with
+    /// [`leave_queue`](Self::leave_queue) when the wait ends without a grant, and a waiter
+    /// that crashed must not block the queue for longer than its TTL (or session).
+    async fn enqueue(&self, request: &AcquireRequest) -> Result<()> {
+        let _ = request;
+        Err(no_queue(self.name()))
+    }
+
+    /// Fair backends: grants the key to the queued `request` if it is first in the queue
+    /// and the key is free. Before granting it re-checks that the waiter's own entry, and
+    /// its lease or session, are still alive (a grant to a dead waiter would be held by
+    /// nobody). Keeps a live waiter's entry alive. The grant is idempotent like
+    /// [`try_acquire`](Self::try_acquire)'s.
+    async fn try_acquire_queued(&self, request: &AcquireRequest) -> Result<Turn> {
+        let _ = request;
+        Err(no_queue(self.name()))
+    }
+
+    /// Fair backends: removes `lease_id`'s entry from the key's queue, if it is there.
+    /// Idempotent; never touches a granted lease (release does that).
+    async fn leave_queue(&self, key: &LockKey, lease_id: LeaseId) -> Result<()> {
+        let _ = (key, lease_id);
+        Err(no_queue(self.name()))
+    }
+
+    /// Fair backends: resolves when the queued `request` may have reached the head (its
+    /// predecessor left), so waiters do not all wake for every change. The default
+    /// watches the whole key.
+    async fn watch_turn(&self, request: &AcquireRequest) -> Result<Option<Box<dyn KeyWatch>>> {
+        self.watch(request.key()).await
+    }
+}
+
+pub(crate) fn no_queue(backend: &str) -> Error {
+    Error::new(
+        ErrorKind::Unsupported,
+        format!("backend {backend} keeps no fair queue"),
+    )
+}
+
+/// Single operations with the contract's bookkeeping applied: TTL checks, send-time
+/// measurement, a request timeout, lost/already-released classification.
+/// Implemented for every backend; the core and the conformance suite use it.
+#[async_trait]
+pub trait LockBackendExt: LockBackend {
+    /// One acquisition attempt. A held key is [`ErrorKind::HeldByAnother`].
+    ///
+    /// A grant whose reply arrives after the lease's local deadline is never returned:
+    /// the store may already have given the key to someone else, so it counts as an
+    /// unanswered attempt ([`ErrorKind::Unavailable`]) and a retry with the same lease id
+    /// renews it or finds it gone.
+    async fn acquire_once(&self, request: &AcquireRequest, timeout: Duration) -> Result<Lease> {
+        self.capabilities().check_ttl(request.ttl())?;
+        let sent_at = Instant::now();
+        match answered(request, with_timeout(timeout, "acquire", self.try_acquire(request)).await)? {
+            Some(grant) => request.grant(grant, sent_at).checked_on_arrival(request),
+            None => Err(held_by_another(request.key())),
+        }
+    }
+
+    /// A queued waiter's attempt ([`LockBackend::try_acquire_queued`]), with the same
+    /// bookkeeping as [`acquire_once`](Self::acquire_once).
+    async fn acquire_queued_once(
+        &self,
+        request: &AcquireRequest,
+        timeout: Duration,
+    ) -> Result<QueuedAttempt> {
+        let sent_at = Instant::now();
+        let turn = with_timeout(timeout, "acquire", self.try_acquire_queued(request)).await;
+        Ok(match answered(request, turn)? {
+            Turn::Granted(grant) => {
+                QueuedAttempt::Granted(request.grant(grant, sent_at).checked_on_arrival(request)?)
+            }
+            Turn::Waiting => QueuedAttempt::Waiting,
+            Turn::NotQueued => QueuedAttempt::NotQueued,
+        })
+    }
+
+    /// Renews `lease` for `ttl`. A lease that is not live any more is [`ErrorKind::Lost`].
+    async fn renew_lease(&self, lease: &Lease, ttl: Duration, timeout: Duration) -> Result<Lease> {
+        self.capabilities().check_ttl(ttl)?;
+        let sent_at = Instant::now();
+        if with_timeout(timeout, "renew", self.renew(lease.key(), lease.id(), ttl)).await? {
+            Ok(lease.renewed(ttl, sent_at))
+        } else {
+            Err(Error::lost(format!(
+                "lease on {:?} is no longer held",
+                lease.key().as_str()
+            )))
+        }
+    }
+
+    /// Releases `lease`. When the store does not hold it, the outcome depends on the local
+    /// deadline: before it, an earlier attempt released it
+    /// ([`ReleaseOutcome::AlreadyReleased`]); after it, it may have expired
+    /// ([`ErrorKind::Lost`]). Another holder's lock is never touched.
+    async fn release_lease(&self, lease: &Lease, timeout: Duration) -> Result<ReleaseOutcome> {
+        if with_timeout(timeout, "release", self.release(lease.key(), lease.id())).await? {
+            Ok(ReleaseOutcome::Released)
+        } else {
+            lease.not_held_outcome()
+        }
+    }
+}
+
+impl<B: LockBackend + ?Sized> LockBackendExt for B {}
+
+/// What one queued attempt came to ([`LockBackendExt::acquire_queued_once`]).
+#[derive(Debug)]
+pub enum QueuedAttempt {
+    /// The waiter holds the key.
+    Granted(Lease),
+    /// Still waiting for its turn.
+    Waiting,
+    /// Its queue entry is gone; it must enqueue again.
+    NotQueued,
+}
+
+/// Notes an unanswered attempt on the request before passing the result on.
+fn answered<T>(request: &AcquireRequest, result: Result<T>) -> Result<T> {
+    if let Err(err) = &result {
+        if err.kind() == ErrorKind::Unavailable {
+            request.note_unanswered();
+        }
+    }
+    result
+}
+
+pub(crate) fn held_by_another(key: &LockKey) -> Error {
+    Error::new(
+        ErrorKind::HeldByAnother,
+        format!("{:?} is held by another lease", key.as_str()),
+    )
+}
+
+macro_rules! forward_backend {
+    ($ty:ty) => {
+        #[async_trait]
+        impl<B: LockBackend + ?Sized> LockBackend for $ty {
+            fn name(&self) -> &'static str {
+                (**self).name()
+            }
+            fn capabilities(&self) -> &Capabilities {
+                (**self).capabilities()
+            }
+            async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
+                (**self).try_acquire(request).await
+            }
+            async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
+                (**self).renew(key, lease_id, ttl).await
+            }
+            async fn renew_many(&self, leases: &[LeaseRenewal]) -> Vec<Result<bool>> {
+                (**self).renew_many(leases).await
+            }
+            async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
+                (**self).release(key, lease_id).await
+            }
+            async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
+                (**self).inspect(key).await
+            }
+            async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {
+                (**self).watch(key).await
+            }
+            async fn enqueue(&self, request: &AcquireRequest) -> Result<()> {
+                (**self).enqueue(request).await
+            }
+            async fn try_acquire_queued(&self, request: &AcquireRequest) -> Result<Turn> {
+                (**self).try_acquire_queued(request).await
+            }
+            async fn leave_queue(&self, key: &LockKey, lease_id: LeaseId) -> Result<()> {
+                (**self).leave_queue(key, lease_id).await
+            }
+            async fn watch_turn(
+                &self,
+                request: &AcquireRequest,
+            ) -> Result<Option<Box<dyn KeyWatch>>> {
+                (**self).watch_turn(request).await
+            }
+        }
+    };
+}
+
+forward_backend!(Arc<B>);
+forward_backend!(Box<B>);

@@ -1,0 +1,233 @@
+//! One acquisition, from options to a held lease, leaving no hold behind when it fails or
+//! is abandoned.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::Instrument;
+
+use crate::backend::{AcquireRequest, DynBackend, LockBackendExt};
+use crate::engine::held::{spawn_release, HeldLock};
+use crate::engine::{outcome_name, ClientCore};
+use crate::error::{Error, ErrorKind, Result};
+use crate::key::LockKey;
+use crate::lease::{Lease, LeaseId};
+use crate::options::{AcquireOptions, Wait, WaitSpec};
+
+/// Acquires `key` per `options` and hands the lease to the client's renewal engine.
+pub(crate) async fn acquire_held(
+    core: &Arc<ClientCore>,
+    key: LockKey,
+    options: AcquireOptions,
+) -> Result<Arc<HeldLock>> {
+    let (lease, release_again) = acquire_lease(&core.backend, key, &options).await?;
+    Ok(HeldLock::start(core, lease, options, release_again))
+}
+
+fn check_options(backend: &DynBackend, options: &AcquireOptions) -> Result<()> {
+    backend.capabilities().check_ttl(options.ttl)?;
+    if options.drift_allowance() >= options.ttl {
+        return Err(Error::invalid(format!(
+            "clock-drift allowance {:?} leaves nothing of the TTL {:?}",
+            options.drift_allowance(),
+            options.ttl
+        )));
+    }
+    if options.request_timeout.is_zero() {
+        return Err(Error::invalid("request timeout is zero"));
+    }
+    // A zero pause turns waiting into a tight loop against the store.
+    if options.backoff.initial.is_zero() || options.backoff.max.is_zero() {
+        return Err(Error::invalid(format!(
+            "backoff {:?} has a zero pause; waiting would hammer the store",
+            options.backoff
+        )));
+    }
+    Ok(())
+}
+
+/// Acquires per `options`, making sure an abandoned or failed attempt leaves no hold.
+///
+/// With the lease comes how long after it ends to release its id once more: when an
+/// attempt went unanswered it may still land in the store after the lease was released
+/// (a phantom hold of a lease id nobody holds), and a second release a request timeout
+/// later removes it.
+async fn acquire_lease(
+    backend: &DynBackend,
+    key: LockKey,
+    options: &AcquireOptions,
+) -> Result<(Lease, Option<Duration>)> {
+    let span = tracing::info_span!(
+        "distlock.acquire",
+        backend = backend.name(),
+        key = %key,
+        attempts = tracing::field::Empty,
+        wait_ms = tracing::field::Empty,
+        token = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+    );
+    async move {
+        check_options(backend, options)?;
+        let started = Instant::now();
+        let request = AcquireRequest::new(key, options.ttl, options.drift_allowance())
+            .with_renewal(options.renewal)
+            .with_holder_label(options.holder_label.clone());
+        let mut cleanup = AbandonedAttempt {
+            backend: backend.clone(),
+            request: Some((request.key().clone(), request.lease_id())),
+            timeout: options.request_timeout,
+        };
+        let spec = WaitSpec {
+            until: options.wait.deadline_from(started),
+            backoff: options.backoff,
+            request_timeout: options.request_timeout,
+        };
+        let result = match options.wait {
+            // Never queues, so never jumps a fair queue either: a fair store grants
+            // nothing while anyone waits.
+            Wait::No => {
+                backend
+                    .acquire_once(&request, options.request_timeout)
+                    .await
+            }
+            _ if backend.capabilities().fair_ordering => {
+                crate::engine::queue::acquire_in_queue(backend, &request, &spec).await
+            }
+            _ => {
+                let subscribing = backend
+                    .capabilities()
+                    .native_notification
+                    .then(|| backend.watch(request.key()));
+                crate::engine::poll::wait_for_grant(request.key(), &spec, subscribing, |timeout| {
+                    backend.acquire_once(&request, timeout)
+                })
+                .await
+            }
+        };
+        let span = tracing::Span::current();
+        span.record("wait_ms", started.elapsed().as_millis() as u64);
+        span.record("outcome", outcome_name(&result));
+        match &result {
+            Ok(lease) => {
+                span.record("token", lease.token().get());
+                cleanup.request = None;
+            }
+            // Nothing was sent, or the only attempt got a definite "held": the store holds
+            // nothing of ours. After a wait, an early attempt that timed out may still
+            // reach the store late, so a failed wait always cleans up.
+            Err(err)
+                if matches!(err.kind(), ErrorKind::InvalidInput | ErrorKind::Unsupported)
+                    || (options.wait == Wait::No && err.kind() == ErrorKind::HeldByAnother) =>
+            {
+                cleanup.request = None;
+            }
+            Err(_) => {}
+        }
+        let release_again = request
+            .had_unanswered_attempt()
+            .then_some(options.request_timeout);
+        result.map(|lease| (lease, release_again))
+    }
+    .instrument(span)
+    .await
+}
+
+/// Releases a request's lease id if the acquisition future is dropped or fails in a way
+/// that leaves it unknown whether the store granted it.
+struct AbandonedAttempt {
+    backend: DynBackend,
+    request: Option<(LockKey, LeaseId)>,
+    timeout: Duration,
+}
+
+impl Drop for AbandonedAttempt {
+    fn drop(&mut self) {
+        if let Some((key, lease_id)) = self.request.take() {
+            // Any attempt still on its way lands within about a request timeout.
+            spawn_release(
+                self.backend.clone(),
+                key,
+                lease_id,
+                self.timeout,
+                &[Duration::ZERO, self.timeout],
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{Capabilities, Grant, HolderInfo, KeyWatch, LockBackend};
+    use crate::{AcquireOptions, LockClient, MemoryBackend};
+    use std::future::IntoFuture;
+
+    /// A store reached over a slow link: each acquisition lands 50 ms after it was sent,
+    /// whether or not the caller still waits for the reply.
+    #[derive(Debug)]
+    struct LateLanding(MemoryBackend);
+
+    #[async_trait::async_trait]
+    impl LockBackend for LateLanding {
+        fn name(&self) -> &'static str {
+            "late-landing"
+        }
+        fn capabilities(&self) -> &Capabilities {
+            self.0.capabilities()
+        }
+        async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
+            let (store, request) = (self.0.clone(), request.clone());
+            let landing = tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                store.try_acquire(&request).await
+            });
+            landing
+                .await
+                .map_err(|e| Error::new(ErrorKind::Internal, e.to_string()))?
+        }
+        async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
+            self.0.renew(key, lease_id, ttl).await
+        }
+        async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
+            self.0.release(key, lease_id).await
+        }
+        async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
+            self.0.inspect(key).await
+        }
+        async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {
+            self.0.watch(key).await
+        }
+    }
+
+    #[tokio::test]
+    async fn an_acquisition_landing_after_its_cleanup_is_released_again() {
+        let store = MemoryBackend::new();
+        let client = LockClient::new(LateLanding(store.clone())).with_defaults(AcquireOptions {
+            ttl: Duration::from_secs(60),
+            request_timeout: Duration::from_millis(200),
+            ..AcquireOptions::default()
+        });
+        // Given up before the request lands: the first clean-up release finds nothing.
+        let abandoned = tokio::time::timeout(
+            Duration::from_millis(10),
+            client.try_lock("k").into_future(),
+        )
+        .await;
+        assert!(abandoned.is_err());
+        let key = LockKey::new("k").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut seen_held = false;
+        loop {
+            let held = store.inspect(&key).await.unwrap().is_some();
+            seen_held |= held;
+            if seen_held && !held {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the late grant was never released (seen held: {seen_held})"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}

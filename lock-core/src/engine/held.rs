@@ -1,0 +1,269 @@
+//! A held lease: its state as the guard, its re-entries and the renewal engine see it, and
+//! how it is given back.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tracing::Instrument;
+
+use crate::backend::{DynBackend, LockBackendExt, ReleaseOutcome};
+use crate::engine::{outcome_name, ClientCore};
+use crate::error::{Error, ErrorKind, Result};
+use crate::key::LockKey;
+use crate::lease::{FencingToken, Lease, LeaseId};
+use crate::options::AcquireOptions;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Status {
+    Held,
+    Lost,
+    Released,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct LeaseState {
+    pub(crate) lease: Lease,
+    pub(crate) status: Status,
+}
+
+/// The state shared by a guard, its re-entries and the client's renewal engine.
+#[derive(Debug)]
+pub(crate) struct HeldLock {
+    /// Tells held locks apart inside the renewal engine.
+    pub(crate) id: u64,
+    pub(crate) core: Arc<ClientCore>,
+    pub(crate) key: LockKey,
+    pub(crate) token: FencingToken,
+    pub(crate) options: AcquireOptions,
+    state: watch::Sender<LeaseState>,
+    /// Release the lease id once more this long after the hold ends: an attempt of the
+    /// acquisition went unanswered and may still land in the store.
+    release_again: Option<Duration>,
+}
+
+impl HeldLock {
+    /// Takes over `lease` and hands it to the client's renewal engine (which also marks a
+    /// lease lost when its deadline passes).
+    pub(crate) fn start(
+        core: &Arc<ClientCore>,
+        lease: Lease,
+        options: AcquireOptions,
+        release_again: Option<Duration>,
+    ) -> Arc<Self> {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let held = Arc::new(HeldLock {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            core: Arc::clone(core),
+            key: lease.key().clone(),
+            token: lease.token(),
+            options,
+            state: watch::Sender::new(LeaseState {
+                lease,
+                status: Status::Held,
+            }),
+            release_again,
+        });
+        core.renewals.track(Arc::clone(&held));
+        held
+    }
+
+    pub(crate) fn backend(&self) -> &DynBackend {
+        &self.core.backend
+    }
+
+    pub(crate) fn is_held(&self) -> bool {
+        let state = self.state.borrow();
+        state.status == Status::Held && state.lease.is_valid()
+    }
+
+    pub(crate) fn snapshot(&self) -> LeaseState {
+        self.state.borrow().clone()
+    }
+
+    pub(crate) fn lease(&self) -> Lease {
+        self.state.borrow().lease.clone()
+    }
+
+    pub(crate) fn subscribe(&self) -> watch::Receiver<LeaseState> {
+        self.state.subscribe()
+    }
+
+    /// Records a renewal unless the lease ended meanwhile, or a later one was recorded.
+    pub(crate) fn renewed(&self, lease: Lease) {
+        self.state.send_if_modified(|state| {
+            let newer = state.status == Status::Held
+                && state.lease.id() == lease.id()
+                && lease.sent_at() > state.lease.sent_at();
+            if newer {
+                state.lease = lease;
+            }
+            newer
+        });
+    }
+
+    /// Marks the lease lost and, in case the store still has it (a renewal that landed
+    /// after we gave up on it), releases it in the background so it blocks nobody.
+    pub(crate) fn mark_lost(&self, why: &str) {
+        let changed = self.state.send_if_modified(|state| {
+            let was_held = state.status == Status::Held;
+            if was_held {
+                state.status = Status::Lost;
+            }
+            was_held
+        });
+        if changed {
+            tracing::warn!(backend = self.backend().name(), key = %self.key, token = %self.token, why, "lock lost");
+            self.spawn_release(Some(Duration::ZERO));
+        }
+    }
+
+    /// Releases the lease in the background: at once when `now` is given, then again
+    /// after an unanswered attempt's landing window.
+    fn spawn_release(&self, now: Option<Duration>) {
+        let schedule: Vec<Duration> = now.into_iter().chain(self.release_again).collect();
+        if schedule.is_empty() {
+            return;
+        }
+        spawn_release(
+            self.backend().clone(),
+            self.key.clone(),
+            self.lease().id(),
+            self.options.request_timeout,
+            &schedule,
+        );
+    }
+
+    /// Renews the lease now (manual renewal, or a guard's explicit call).
+    pub(crate) async fn renew_now(&self) -> Result<()> {
+        let state = self.snapshot();
+        if state.status != Status::Held || !state.lease.is_valid() {
+            self.mark_lost("renewal requested after the local deadline");
+            return Err(self.lost_error());
+        }
+        let span = tracing::info_span!("distlock.renew", backend = self.backend().name(), key = %self.key, outcome = tracing::field::Empty);
+        let result = self
+            .backend()
+            .renew_lease(
+                &state.lease,
+                self.options.ttl,
+                self.options.request_timeout.min(state.lease.remaining()),
+            )
+            .instrument(span.clone())
+            .await;
+        span.record("outcome", outcome_name(&result));
+        match result {
+            Ok(lease) => {
+                self.renewed(lease);
+                Ok(())
+            }
+            Err(err) => {
+                if err.kind() == ErrorKind::Lost || !state.lease.is_valid() {
+                    self.mark_lost(err.message());
+                }
+                Err(err)
+            }
+        }
+    }
+
+    pub(crate) fn lost_error(&self) -> Error {
+        Error::lost(format!(
+            "the lease on {:?} (token {}) was lost before it was released",
+            self.key.as_str(),
+            self.token
+        ))
+    }
+
+    /// Ends the hold in the store. `Ok` when the lease was held until released;
+    /// [`ErrorKind::Lost`] when it had been lost (expired, or the store no longer had it):
+    /// whatever the holder did after that was not protected by the lock.
+    pub(crate) async fn finish(&self) -> Result<()> {
+        let mut previous = Status::Released;
+        self.state.send_if_modified(|state| {
+            previous = state.status;
+            state.status = Status::Released;
+            previous != Status::Released
+        });
+        match previous {
+            Status::Held => {}
+            Status::Lost => return Err(self.lost_error()),
+            Status::Released => return Ok(()),
+        }
+        let lease = self.lease();
+        let span = tracing::info_span!("distlock.release", backend = self.backend().name(), key = %self.key, token = %self.token, outcome = tracing::field::Empty);
+        let result = release_with_retry(self.backend(), &lease, &self.options)
+            .instrument(span.clone())
+            .await
+            .and_then(|held| if held { Ok(()) } else { Err(self.lost_error()) });
+        span.record("outcome", outcome_name(&result));
+        self.spawn_release(None);
+        result
+    }
+}
+
+/// Retries an unanswered release while the lease is valid: release is idempotent, and a
+/// retry that finds the lease gone before its deadline knows an earlier attempt worked.
+/// `Ok(false)` when the lease turned out not to be held.
+async fn release_with_retry(
+    backend: &DynBackend,
+    lease: &Lease,
+    options: &AcquireOptions,
+) -> Result<bool> {
+    let mut unanswered = false;
+    let mut attempt = 0;
+    loop {
+        let timeout = options
+            .request_timeout
+            .min(lease.remaining())
+            .max(options.request_timeout / 10);
+        match backend.release_lease(lease, timeout).await {
+            Ok(ReleaseOutcome::Released) => return Ok(true),
+            // Gone before its deadline: our own unanswered attempt released it; if no
+            // attempt went unanswered the store lost it (a restart without persistence).
+            Ok(ReleaseOutcome::AlreadyReleased) => return Ok(unanswered),
+            Err(err) if err.kind() == ErrorKind::Lost => return Ok(false),
+            Err(err) if err.kind() == ErrorKind::Unavailable && lease.is_valid() => {
+                tracing::debug!(error = %err, "release unanswered; retrying");
+                unanswered = true;
+                let pause = options.backoff.pause(attempt);
+                attempt += 1;
+                tokio::time::sleep(pause.min(lease.remaining())).await;
+            }
+            Err(err) => return Err(err),
+        }
+    }
+}
+
+/// Releases a lease id in the background, once after each pause of `schedule` (each
+/// measured from the previous release), for a guard dropped without `release`, a lost
+/// lease, or an acquisition abandoned mid-flight. Without a runtime the store's TTL ends
+/// the hold.
+///
+/// A later release covers a request that reaches the store after the earlier one (a store
+/// applies what was sent even when nobody waits for the reply); releasing a lease id
+/// nobody else uses is always harmless.
+pub(crate) fn spawn_release(
+    backend: DynBackend,
+    key: LockKey,
+    lease_id: LeaseId,
+    timeout: Duration,
+    schedule: &[Duration],
+) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        tracing::debug!(%key, "no runtime to release on; the lease will expire by its TTL");
+        return;
+    };
+    let schedule = schedule.to_vec();
+    runtime.spawn(async move {
+        for pause in schedule {
+            tokio::time::sleep(pause).await;
+            let released =
+                crate::backend::with_timeout(timeout, "release", backend.release(&key, lease_id))
+                    .await;
+            if let Err(err) = released {
+                tracing::debug!(error = %err, %key, "background release failed; the lease will expire by its TTL");
+            }
+        }
+    });
+}

@@ -1,0 +1,141 @@
+//! Waiting in a fair backend's queue ([`Capabilities::fair_ordering`]).
+//!
+//! The core drives the queue the same way on every fair store: enqueue (retried with the
+//! same lease id, which the store must treat as one entry), then attempt as a queued
+//! waiter whenever the waiter's turn may have come (woken by [`watch_turn`], or by the
+//! fallback poll, which also keeps the entry alive), and on any ending without a grant
+//! (time-out, error, cancellation) leave the queue.
+//!
+//! [`Capabilities::fair_ordering`]: crate::Capabilities::fair_ordering
+//! [`watch_turn`]: crate::backend::LockBackend::watch_turn
+
+use std::time::{Duration, Instant};
+
+use crate::backend::{AcquireRequest, DynBackend, LockBackendExt, QueuedAttempt};
+use crate::error::{Error, ErrorKind, Result};
+use crate::key::LockKey;
+use crate::lease::{Lease, LeaseId};
+use crate::options::WaitSpec;
+
+pub(crate) async fn acquire_in_queue(
+    backend: &DynBackend,
+    request: &AcquireRequest,
+    wait: &WaitSpec,
+) -> Result<Lease> {
+    let mut place = QueuePlace {
+        backend: backend.clone(),
+        entry: Some((request.key().clone(), request.lease_id())),
+        timeout: wait.request_timeout,
+    };
+    // The fallback poll keeps a live waiter's entry from expiring like a dead one's.
+    let spec = WaitSpec {
+        backoff: crate::options::Backoff {
+            max: wait.backoff.max.min(request.ttl() / 3).max(Duration::from_millis(1)),
+            ..wait.backoff
+        },
+        ..*wait
+    };
+    enqueue_within(backend, request, &spec).await?;
+    let subscribing: crate::engine::poll::Subscribing<'_> = Box::pin(backend.watch_turn(request));
+    let result =
+        crate::engine::poll::wait_for_grant(request.key(), &spec, Some(subscribing), |timeout| {
+            async move {
+                match backend.acquire_queued_once(request, timeout).await? {
+                    QueuedAttempt::Granted(lease) => Ok(lease),
+                    QueuedAttempt::Waiting => Err(waiting(request.key())),
+                    // Expired or removed: back in the queue, behind everyone there now.
+                    QueuedAttempt::NotQueued => {
+                        enqueue(backend, request, timeout).await?;
+                        Err(waiting(request.key()))
+                    }
+                }
+            }
+        })
+        .await;
+    if result.is_ok() {
+        place.entry = None;
+    }
+    result
+}
+
+/// Enqueues, retrying an unanswered enqueue (with the same lease id) within the wait.
+async fn enqueue_within(
+    backend: &DynBackend,
+    request: &AcquireRequest,
+    wait: &WaitSpec,
+) -> Result<()> {
+    let mut attempt = 0;
+    loop {
+        let timeout = match wait.until {
+            Some(until) => until
+                .saturating_duration_since(Instant::now())
+                .min(wait.request_timeout)
+                .max(Duration::from_millis(1)),
+            None => wait.request_timeout,
+        };
+        match enqueue(backend, request, timeout).await {
+            Err(err) if err.kind() == ErrorKind::Unavailable => {
+                let pause = wait.backoff.pause(attempt);
+                attempt += 1;
+                if wait
+                    .until
+                    .is_some_and(|until| crate::options::saturating_add(Instant::now(), pause) >= until)
+                {
+                    return Err(err);
+                }
+                tokio::time::sleep(pause).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+async fn enqueue(backend: &DynBackend, request: &AcquireRequest, timeout: Duration) -> Result<()> {
+    let sent = Instant::now();
+    let result = crate::backend::with_timeout(timeout, "enqueue", backend.enqueue(request)).await;
+    if let Err(err) = &result {
+        if err.kind() == ErrorKind::Unavailable {
+            request.note_unanswered();
+        }
+        tracing::debug!(error = %err, elapsed = ?sent.elapsed(), "enqueue failed");
+    }
+    result
+}
+
+fn waiting(key: &LockKey) -> Error {
+    Error::new(
+        ErrorKind::HeldByAnother,
+        format!("{:?} is held or others queue ahead", key.as_str()),
+    )
+}
+
+/// Leaves the queue however the wait ends without a grant, in the background so that a
+/// cancelled waiter still leaves.
+struct QueuePlace {
+    backend: DynBackend,
+    entry: Option<(LockKey, LeaseId)>,
+    timeout: Duration,
+}
+
+impl Drop for QueuePlace {
+    fn drop(&mut self) {
+        let Some((key, lease_id)) = self.entry.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (backend, timeout) = (self.backend.clone(), self.timeout);
+        runtime.spawn(async move {
+            let left = crate::backend::with_timeout(
+                timeout,
+                "leave_queue",
+                backend.leave_queue(&key, lease_id),
+            )
+            .await;
+            if let Err(err) = left {
+                tracing::debug!(error = %err, %key, "leaving the queue failed; the entry expires with its waiter");
+            }
+        });
+    }
+}

@@ -1,0 +1,426 @@
+//! One renewal engine per client: a single task keeps every held lease of the client alive
+//! and marks each lost at its deadline, whatever the backend's [`Liveness`].
+//!
+//! - Per-lease and batched backends: the engine wakes when leases are due (a third of the
+//!   TTL after the request that last proved them alive was sent), takes every lease due
+//!   within the next sixth of its TTL along, and renews them with one
+//!   [`renew_many`](crate::backend::LockBackend::renew_many) call, so leases drift into
+//!   step and a batched store sees O(1) round trips per interval.
+//! - Session backends: the engine follows each session's status. An answered keep-alive
+//!   moves the deadline of every lease of the session to its send time plus the session
+//!   TTL minus the drift allowance; a disconnected session moves nothing; an expired one
+//!   makes all its leases lost at once.
+//!
+//! Either way a lease whose deadline passes is lost. Ten thousand held guards cost this one
+//! task, plus one per session and one per renewal call in flight.
+//!
+//! [`Liveness`]: crate::backend::Liveness
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use tokio::task::{AbortHandle, JoinSet};
+use tokio::time::{sleep_until, Instant as TokioInstant};
+
+use crate::backend::{lock_unpoisoned, with_timeout, DynBackend, LeaseRenewal, Session};
+use crate::engine::held::{HeldLock, Status};
+use crate::error::{ErrorKind, Result};
+use crate::lease::Lease;
+use crate::options::Renewal;
+
+/// Leases renewed by one call at most, so no request grows without bound.
+const MAX_BATCH: usize = 1000;
+
+enum Command {
+    Track(Arc<HeldLock>),
+    SessionChanged(u64),
+}
+
+/// A client's handle on its renewal engine, started with the first held lease.
+#[derive(Debug)]
+pub(crate) struct Renewals {
+    backend: DynBackend,
+    sender: Mutex<Option<mpsc::UnboundedSender<Command>>>,
+}
+
+impl Renewals {
+    pub(crate) fn new(backend: DynBackend) -> Self {
+        Renewals {
+            backend,
+            sender: Mutex::new(None),
+        }
+    }
+
+    /// Hands a new lease to the engine, starting it on this runtime if it is not running
+    /// (the first lease, or the runtime it ran on has shut down).
+    pub(crate) fn track(&self, held: Arc<HeldLock>) {
+        let mut sender = lock_unpoisoned(&self.sender);
+        let held = match sender.as_ref().map(|tx| tx.send(Command::Track(held.clone()))) {
+            Some(Ok(())) => return,
+            _ => held,
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(key = %held.key, "no tokio runtime: the lease is not renewed and will be lost at its deadline");
+            return;
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let engine = Engine {
+            backend: self.backend.clone(),
+            commands: rx,
+            sender: tx.downgrade(),
+            tracked: HashMap::new(),
+            schedule: BTreeSet::new(),
+            sessions: HashMap::new(),
+            renewing: JoinSet::new(),
+        };
+        runtime.spawn(engine.run());
+        let _ = tx.send(Command::Track(held));
+        *sender = Some(tx);
+    }
+}
+
+struct Tracked {
+    held: Arc<HeldLock>,
+    /// When the engine looks at the lease next (its entry in the schedule).
+    wake: Instant,
+    /// Failed renewal attempts in a row, and when to retry.
+    attempt: u32,
+    retry_at: Option<Instant>,
+    renewing: bool,
+}
+
+struct TrackedSession {
+    session: Session,
+    leases: Vec<u64>,
+    follower: AbortHandle,
+}
+
+impl Drop for TrackedSession {
+    fn drop(&mut self) {
+        self.follower.abort();
+    }
+}
+
+struct Renewed {
+    sent_at: Instant,
+    leases: Vec<(u64, Lease)>,
+    results: Vec<Result<bool>>,
+}
+
+struct Engine {
+    backend: DynBackend,
+    commands: mpsc::UnboundedReceiver<Command>,
+    sender: mpsc::WeakUnboundedSender<Command>,
+    tracked: HashMap<u64, Tracked>,
+    schedule: BTreeSet<(Instant, u64)>,
+    sessions: HashMap<u64, TrackedSession>,
+    renewing: JoinSet<Renewed>,
+}
+
+impl Engine {
+    async fn run(mut self) {
+        loop {
+            let next = self.schedule.first().map(|(at, _)| *at);
+            tokio::select! {
+                command = self.commands.recv() => match command {
+                    Some(Command::Track(held)) => self.track(held),
+                    Some(Command::SessionChanged(id)) => self.session_changed(id),
+                    // Every client handle is gone, and with it every guard.
+                    None => return,
+                },
+                Some(done) = self.renewing.join_next(), if !self.renewing.is_empty() => {
+                    if let Ok(renewed) = done {
+                        self.renewed(renewed);
+                    }
+                }
+                () = sleep_until(TokioInstant::from_std(next.unwrap_or_else(far_future))), if next.is_some() => {
+                    self.due(Instant::now());
+                }
+            }
+        }
+    }
+
+    fn track(&mut self, held: Arc<HeldLock>) {
+        let id = held.id;
+        if let Some(session) = held.lease().session().cloned() {
+            self.follow(session, id);
+        }
+        self.tracked.insert(
+            id,
+            Tracked {
+                held,
+                wake: Instant::now(),
+                attempt: 0,
+                retry_at: None,
+                renewing: false,
+            },
+        );
+        self.reschedule(id);
+    }
+
+    /// Follows a session's status changes (one small task per session, not per lease).
+    fn follow(&mut self, session: Session, lease: u64) {
+        if let Some(tracked) = self.sessions.get_mut(&session.id()) {
+            tracked.leases.push(lease);
+            return;
+        }
+        let (id, sender) = (session.id(), self.sender.clone());
+        let mut changes = session.clone();
+        let follower = tokio::spawn(async move {
+            loop {
+                let alive = changes.changed().await;
+                let Some(sender) = sender.upgrade() else {
+                    return;
+                };
+                if sender.send(Command::SessionChanged(id)).is_err() || !alive {
+                    return;
+                }
+            }
+        });
+        self.sessions.insert(
+            id,
+            TrackedSession {
+                session,
+                leases: vec![lease],
+                follower: follower.abort_handle(),
+            },
+        );
+    }
+
+    fn session_changed(&mut self, session_id: u64) {
+        let Some(session) = self.sessions.get_mut(&session_id) else {
+            return;
+        };
+        let status = session.session.status();
+        session.leases.retain(|id| self.tracked.contains_key(id));
+        let leases = session.leases.clone();
+        if leases.is_empty() {
+            self.sessions.remove(&session_id);
+            return;
+        }
+        for id in leases {
+            let Some(tracked) = self.tracked.get(&id) else {
+                continue;
+            };
+            if status.expired {
+                tracked.held.mark_lost("the store ended the lease's session");
+            } else if let Some(lease) = tracked.held.lease().proven_by(&status) {
+                tracked.held.renewed(lease);
+            }
+            self.reschedule(id);
+        }
+        if status.expired {
+            self.sessions.remove(&session_id);
+        }
+    }
+
+    /// Puts a lease back in the schedule at its next moment of interest, or forgets it
+    /// when it is no longer held (or lost at its deadline).
+    fn reschedule(&mut self, id: u64) {
+        let Some(tracked) = self.tracked.get_mut(&id) else {
+            return;
+        };
+        self.schedule.remove(&(tracked.wake, id));
+        let state = tracked.held.snapshot();
+        if state.status != Status::Held {
+            self.forget(id);
+            return;
+        }
+        let lease = state.lease;
+        let deadline = lease.valid_until();
+        if Instant::now() >= deadline {
+            tracked
+                .held
+                .mark_lost("the local deadline passed without a renewal");
+            self.forget(id);
+            return;
+        }
+        let wake = match renew_at(&tracked.held, &lease) {
+            Some(_) if tracked.renewing => deadline,
+            Some(renew_at) => tracked.retry_at.unwrap_or(renew_at).min(deadline),
+            None => deadline,
+        };
+        tracked.wake = wake;
+        self.schedule.insert((wake, id));
+    }
+
+    fn forget(&mut self, id: u64) {
+        if let Some(tracked) = self.tracked.remove(&id) {
+            self.schedule.remove(&(tracked.wake, id));
+        }
+    }
+
+    /// Handles every lease whose moment has come, renewing together all that are due now
+    /// or within a sixth of their TTL.
+    fn due(&mut self, now: Instant) {
+        let mut due = Vec::new();
+        while let Some(&(at, id)) = self.schedule.first() {
+            if at > now {
+                break;
+            }
+            self.schedule.pop_first();
+            due.push(id);
+        }
+        let mut batch = Vec::new();
+        for id in due {
+            if self.wants_renewal(id, now, Duration::ZERO) {
+                batch.push(id);
+            } else {
+                self.reschedule(id);
+            }
+        }
+        if batch.is_empty() {
+            return;
+        }
+        // Leases due soon go along, so they fall into step with this batch.
+        let horizon = now + Duration::from_secs(10);
+        let soon: Vec<u64> = self
+            .schedule
+            .iter()
+            .take_while(|(at, _)| *at <= horizon)
+            .map(|(_, id)| *id)
+            .collect();
+        for id in soon {
+            let early = self
+                .tracked
+                .get(&id)
+                .map_or(Duration::ZERO, |t| t.held.options.ttl / 6);
+            if self.wants_renewal(id, now, early) {
+                if let Some(tracked) = self.tracked.get(&id) {
+                    self.schedule.remove(&(tracked.wake, id));
+                }
+                batch.push(id);
+            }
+        }
+        for chunk in batch.chunks(MAX_BATCH) {
+            self.send(chunk);
+        }
+    }
+
+    /// Whether the lease should be renewed now (its renewal or retry moment is no later
+    /// than `now + early`).
+    fn wants_renewal(&self, id: u64, now: Instant, early: Duration) -> bool {
+        let Some(tracked) = self.tracked.get(&id) else {
+            return false;
+        };
+        if tracked.renewing {
+            return false;
+        }
+        let state = tracked.held.snapshot();
+        if state.status != Status::Held || !state.lease.is_valid() {
+            return false;
+        }
+        match renew_at(&tracked.held, &state.lease) {
+            Some(at) => tracked.retry_at.unwrap_or(at) <= now + early,
+            None => false,
+        }
+    }
+
+    fn send(&mut self, ids: &[u64]) {
+        let mut leases = Vec::with_capacity(ids.len());
+        let mut timeout = Duration::MAX;
+        for id in ids {
+            let Some(tracked) = self.tracked.get_mut(id) else {
+                continue;
+            };
+            tracked.renewing = true;
+            let lease = tracked.held.lease();
+            timeout = timeout
+                .min(tracked.held.options.request_timeout)
+                .min(lease.remaining());
+            leases.push((*id, lease));
+        }
+        for id in ids {
+            self.reschedule(*id);
+        }
+        let items: Vec<LeaseRenewal> = leases
+            .iter()
+            .map(|(id, lease)| LeaseRenewal {
+                key: lease.key().clone(),
+                lease_id: lease.id(),
+                ttl: self.tracked[id].held.options.ttl,
+            })
+            .collect();
+        let backend = self.backend.clone();
+        let timeout = timeout.max(Duration::from_millis(1));
+        self.renewing.spawn(async move {
+            let sent_at = Instant::now();
+            let results =
+                match with_timeout(timeout, "renew", async { Ok(backend.renew_many(&items).await) })
+                    .await
+                {
+                    Ok(results) if results.len() == items.len() => results,
+                    Ok(results) => {
+                        let err = crate::Error::new(
+                            ErrorKind::Internal,
+                            format!(
+                                "the backend answered {} renewals for {}",
+                                results.len(),
+                                items.len()
+                            ),
+                        );
+                        vec![Err(err); items.len()]
+                    }
+                    Err(err) => vec![Err(err); items.len()],
+                };
+            Renewed {
+                sent_at,
+                leases,
+                results,
+            }
+        });
+    }
+
+    fn renewed(&mut self, renewed: Renewed) {
+        let now = Instant::now();
+        for ((id, lease), result) in renewed.leases.into_iter().zip(renewed.results) {
+            let Some(tracked) = self.tracked.get_mut(&id) else {
+                continue;
+            };
+            tracked.renewing = false;
+            let span = tracing::info_span!("distlock.renew", backend = self.backend.name(), key = %lease.key(), outcome = tracing::field::Empty);
+            let _entered = span.enter();
+            match result {
+                Ok(true) => {
+                    span.record("outcome", "ok");
+                    tracked.attempt = 0;
+                    tracked.retry_at = None;
+                    tracked
+                        .held
+                        .renewed(lease.renewed(tracked.held.options.ttl, renewed.sent_at));
+                }
+                Ok(false) => {
+                    span.record("outcome", "lost");
+                    tracked.held.mark_lost("the store no longer holds the lease");
+                }
+                Err(err) if err.kind() == ErrorKind::Lost => {
+                    span.record("outcome", "lost");
+                    tracked.held.mark_lost(err.message());
+                }
+                Err(err) => {
+                    span.record("outcome", crate::engine::outcome_name::<()>(&Err(err.clone())));
+                    tracing::debug!(error = %err, "renewal failed; retrying until the deadline");
+                    let pause = tracked.held.options.backoff.pause(tracked.attempt);
+                    tracked.attempt = tracked.attempt.saturating_add(1);
+                    tracked.retry_at = Some(now + pause);
+                }
+            }
+            drop(_entered);
+            self.reschedule(id);
+        }
+    }
+}
+
+/// When an automatically renewed lease is due (a third of its TTL after the request that
+/// last proved it alive was sent); `None` when the engine only watches its deadline
+/// (manual renewal, or a lease kept alive by its session).
+fn renew_at(held: &HeldLock, lease: &Lease) -> Option<Instant> {
+    (held.options.renewal == Renewal::Auto && lease.session().is_none())
+        .then(|| lease.sent_at() + lease.ttl() / 3)
+}
+
+fn far_future() -> Instant {
+    crate::options::saturating_add(Instant::now(), Duration::MAX)
+}

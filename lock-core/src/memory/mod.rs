@@ -1,0 +1,482 @@
+//! The in-memory reference backend.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+
+use crate::backend::{
+    lock_unpoisoned as lock, AcquireRequest, Capabilities, Grant, HolderInfo, KeyWatch,
+    Liveness, LockBackend, ReleaseFeed, Turn,
+};
+use crate::error::{Error, Result};
+use crate::key::LockKey;
+use crate::lease::{FencingToken, LeaseId};
+
+mod sessions;
+
+pub use sessions::MemoryLink;
+use sessions::ClientSessions;
+
+/// Locks kept in this process's memory: every capability, for tests, examples and for
+/// coordinating tasks of one process.
+///
+/// Clones are the same client of the same store; [`client`](Self::client) makes another
+/// client of the store, as another process would be. Tokens come from one counter for the
+/// whole store, so they grow across every key, release and takeover and nothing per key
+/// outlives a release. Expired leases are swept lazily.
+///
+/// - [`MemoryBackend::fair`]: waiters are granted the key in arrival order through the
+///   core's queue interface; a waiter that gives up leaves the queue at once, one that
+///   dies leaves it when its TTL runs out.
+/// - [`with_sessions`](Self::with_sessions): leases live by store sessions
+///   ([`Liveness::Session`]), one per distinct TTL per client (and one per lease renewed
+///   by hand), kept alive by one keep-alive task each; [`link`](Self::link) can cut or slow
+///   a client's connection to prove how the core follows sessions.
+#[derive(Clone, Debug)]
+pub struct MemoryBackend {
+    store: Arc<Store>,
+    capabilities: Capabilities,
+    sessions: Option<Arc<ClientSessions>>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Store {
+    state: Mutex<State>,
+    releases: ReleaseFeed,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    locks: HashMap<LockKey, Entry>,
+    queues: HashMap<LockKey, VecDeque<Waiter>>,
+    /// Live sessions and when the store ends each unless kept alive.
+    sessions: HashMap<u64, Instant>,
+    last_session: u64,
+    last_token: u64,
+    writes_since_sweep: usize,
+}
+
+#[derive(Debug)]
+struct Entry {
+    lease_id: LeaseId,
+    token: FencingToken,
+    expires_at: Instant,
+    session: Option<u64>,
+    holder: Option<Arc<str>>,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    lease_id: LeaseId,
+    expires_at: Instant,
+    wake: Arc<Notify>,
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        MemoryBackend::new()
+    }
+}
+
+impl MemoryBackend {
+    /// An empty store whose waiters poll, woken early by release notifications.
+    pub fn new() -> Self {
+        Self::with_fairness(false)
+    }
+
+    /// An empty store that grants each key to its waiters in arrival order.
+    pub fn fair() -> Self {
+        Self::with_fairness(true)
+    }
+
+    fn with_fairness(fair: bool) -> Self {
+        MemoryBackend {
+            store: Arc::new(Store {
+                state: Mutex::new(State::default()),
+                releases: ReleaseFeed::new(),
+            }),
+            capabilities: Capabilities {
+                fair_ordering: fair,
+                native_notification: true,
+                durable_fencing: true,
+                reentrancy: true,
+                ..Capabilities::default()
+            },
+            sessions: None,
+        }
+    }
+
+    /// The same store, with leases kept alive by client sessions instead of per-key
+    /// renewal ([`Liveness::Session`]).
+    pub fn with_sessions(mut self) -> Self {
+        self.capabilities.liveness = Liveness::Session;
+        self.sessions = Some(Arc::new(ClientSessions::default()));
+        self
+    }
+
+    /// Another client of the same store, with its own sessions and link.
+    pub fn client(&self) -> Self {
+        MemoryBackend {
+            sessions: self.sessions.as_ref().map(|_| Arc::default()),
+            ..self.clone()
+        }
+    }
+
+    /// The link between this client and the store, in session mode: cut it or slow its
+    /// replies to see how leases follow their sessions.
+    pub fn link(&self) -> Option<MemoryLink> {
+        self.sessions.as_ref().map(|sessions| sessions.link())
+    }
+
+    /// Keys the store keeps anything for (held or expired leases, queued waiters): for
+    /// tests that check nothing is left behind.
+    pub fn stored_keys(&self) -> Vec<LockKey> {
+        let state = lock(&self.store.state);
+        let mut keys: Vec<LockKey> = state
+            .locks
+            .keys()
+            .chain(state.queues.keys())
+            .cloned()
+            .collect();
+        keys.sort();
+        keys.dedup();
+        keys
+    }
+
+    fn expiry(&self, ttl: Duration) -> Result<Instant> {
+        Instant::now()
+            .checked_add(self.capabilities.store_ttl(ttl))
+            .ok_or_else(|| Error::invalid(format!("TTL {ttl:?} is too large")))
+    }
+
+    /// Fails every request while the client's link is cut.
+    fn reachable(&self) -> Result<()> {
+        match &self.sessions {
+            Some(sessions) => sessions.reachable(),
+            None => Ok(()),
+        }
+    }
+
+    /// The grant of `request` if the store gives it; `queued` for a waiter of a fair
+    /// queue, which must be first in it.
+    fn grant(&self, request: &AcquireRequest, queued: bool) -> Result<Option<Grant>> {
+        self.reachable()?;
+        let expires_at = self.expiry(request.ttl())?;
+        let session = match &self.sessions {
+            Some(sessions) => Some(sessions.session_for(
+                &self.store,
+                request,
+                self.capabilities.store_ttl(request.ttl()),
+            )?),
+            None => None,
+        };
+        let mut state = lock(&self.store.state);
+        let now = Instant::now();
+        if let Some(session) = &session {
+            if !state.sessions.get(&session.store_id).is_some_and(|end| now < *end) {
+                // The client has not heard yet that the store ended the session: tell it,
+                // so the retry of this attempt opens a new one.
+                session.keeper.expired();
+                return Err(Error::unavailable(
+                    "the session ended before the grant; retrying under a new session",
+                ));
+            }
+        }
+        state.sweep(now);
+        let live_holder = state
+            .locks
+            .get(request.key())
+            .filter(|entry| state.is_live(entry, now))
+            .map(|entry| entry.lease_id);
+        let token = match live_holder {
+            Some(holder) if holder != request.lease_id() => return Ok(None),
+            Some(_) => {
+                let entry = state.locks.get_mut(request.key()).ok_or_else(|| {
+                    Error::new(crate::ErrorKind::Internal, "entry vanished under the lock")
+                })?;
+                entry.expires_at = expires_at;
+                entry.token
+            }
+            None => {
+                if self.capabilities.fair_ordering && !state.may_take(request, queued, now) {
+                    return Ok(None);
+                }
+                state.last_token += 1;
+                let token = FencingToken::new(state.last_token);
+                state.locks.insert(
+                    request.key().clone(),
+                    Entry {
+                        lease_id: request.lease_id(),
+                        token,
+                        expires_at,
+                        session: session.as_ref().map(|s| s.store_id),
+                        holder: request.holder_label().map(Arc::from),
+                    },
+                );
+                token
+            }
+        };
+        if queued {
+            state.leave_queue(request.key(), request.lease_id());
+        }
+        Ok(Some(match session {
+            Some(session) => Grant::in_session(token, session.keeper.session()),
+            None => Grant::new(token),
+        }))
+    }
+}
+
+impl State {
+    fn is_live(&self, entry: &Entry, now: Instant) -> bool {
+        match entry.session {
+            Some(session) => self.sessions.get(&session).is_some_and(|end| now < *end),
+            None => now < entry.expires_at,
+        }
+    }
+
+    /// Whether a free key may go to `request` in a fair store: to the first live waiter,
+    /// or to anyone when nobody waits. Dead waiters are dropped on the way.
+    fn may_take(&mut self, request: &AcquireRequest, queued: bool, now: Instant) -> bool {
+        self.prune_queue(request.key(), now);
+        match self.queues.get(request.key()).and_then(VecDeque::front) {
+            None => !queued,
+            Some(head) => queued && head.lease_id == request.lease_id(),
+        }
+    }
+
+    /// Drops waiters whose entries expired (their waiter died), waking the new head.
+    fn prune_queue(&mut self, key: &LockKey, now: Instant) {
+        let Some(queue) = self.queues.get_mut(key) else {
+            return;
+        };
+        let head = queue.front().map(|w| w.lease_id);
+        queue.retain(|waiter| now < waiter.expires_at);
+        if queue.is_empty() {
+            self.queues.remove(key);
+        } else if queue.front().map(|w| w.lease_id) != head {
+            self.wake_head(key);
+        }
+    }
+
+    /// Drops expired entries and sessions now and then, so crashed holders do not
+    /// accumulate.
+    fn sweep(&mut self, now: Instant) {
+        self.writes_since_sweep += 1;
+        if self.writes_since_sweep >= 1024.max(self.locks.len()) {
+            self.writes_since_sweep = 0;
+            self.sessions.retain(|_, end| now < *end);
+            let sessions = &self.sessions;
+            self.locks.retain(|_, entry| match entry.session {
+                Some(session) => sessions.get(&session).is_some_and(|end| now < *end),
+                None => now < entry.expires_at,
+            });
+        }
+    }
+
+    fn wake_head(&self, key: &LockKey) {
+        if let Some(head) = self.queues.get(key).and_then(|queue| queue.front()) {
+            head.wake.notify_one();
+        }
+    }
+
+    fn leave_queue(&mut self, key: &LockKey, lease_id: LeaseId) {
+        if let Some(queue) = self.queues.get_mut(key) {
+            let was_head = queue.front().is_some_and(|w| w.lease_id == lease_id);
+            queue.retain(|waiter| waiter.lease_id != lease_id);
+            if queue.is_empty() {
+                self.queues.remove(key);
+            } else if was_head {
+                self.wake_head(key);
+            }
+        }
+    }
+
+    /// Opens a session the store ends `ttl` after its last keep-alive.
+    fn open_session(&mut self, ttl: Duration) -> u64 {
+        self.last_session += 1;
+        let id = self.last_session;
+        self.sessions.insert(id, crate::options::saturating_add(Instant::now(), ttl));
+        id
+    }
+
+    /// Keeps a live session alive for `ttl` from now; `false` when it has ended.
+    fn keep_alive(&mut self, session: u64, ttl: Duration) -> bool {
+        let now = Instant::now();
+        match self.sessions.get_mut(&session) {
+            Some(end) if now < *end => {
+                *end = crate::options::saturating_add(now, ttl);
+                true
+            }
+            _ => {
+                self.sessions.remove(&session);
+                false
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl LockBackend for MemoryBackend {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    fn capabilities(&self) -> &Capabilities {
+        &self.capabilities
+    }
+
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
+        self.grant(request, false)
+    }
+
+    async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
+        self.reachable()?;
+        let expires_at = self.expiry(ttl)?;
+        let now = Instant::now();
+        let mut state = lock(&self.store.state);
+        let session = match state.locks.get(key) {
+            Some(entry) if entry.lease_id == lease_id && state.is_live(entry, now) => entry.session,
+            _ => return Ok(false),
+        };
+        match session {
+            Some(session) => Ok(state.keep_alive(session, self.capabilities.store_ttl(ttl))),
+            None => {
+                if let Some(entry) = state.locks.get_mut(key) {
+                    entry.expires_at = expires_at;
+                }
+                Ok(true)
+            }
+        }
+    }
+
+    async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
+        self.reachable()?;
+        let now = Instant::now();
+        let live = {
+            let mut state = lock(&self.store.state);
+            let Some(entry) = state
+                .locks
+                .get(key)
+                .filter(|entry| entry.lease_id == lease_id)
+            else {
+                return Ok(false);
+            };
+            let live = state.is_live(entry, now);
+            state.locks.remove(key);
+            state.wake_head(key);
+            live
+        };
+        self.store.releases.released(key.as_str());
+        Ok(live)
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
+        self.reachable()?;
+        let now = Instant::now();
+        let mut state = lock(&self.store.state);
+        if self.capabilities.fair_ordering {
+            state.prune_queue(key, now);
+        }
+        let waiters = self
+            .capabilities
+            .fair_ordering
+            .then(|| state.queues.get(key).map_or(0, VecDeque::len));
+        Ok(state
+            .locks
+            .get(key)
+            .filter(|entry| state.is_live(entry, now))
+            .map(|entry| {
+                let end = match entry.session {
+                    Some(session) => state.sessions.get(&session).copied().unwrap_or(now),
+                    None => entry.expires_at,
+                };
+                HolderInfo {
+                    lease_id: entry.lease_id,
+                    token: entry.token,
+                    remaining_ttl: end.saturating_duration_since(now),
+                    waiters,
+                    holder: entry.holder.as_deref().map(String::from),
+                }
+            }))
+    }
+
+    async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {
+        self.reachable()?;
+        Ok(Some(self.store.releases.watch(key.as_str())))
+    }
+
+    async fn enqueue(&self, request: &AcquireRequest) -> Result<()> {
+        self.reachable()?;
+        if !self.capabilities.fair_ordering {
+            return Err(crate::backend::no_queue(self.name()));
+        }
+        let expires_at = self.expiry(request.ttl())?;
+        let mut state = lock(&self.store.state);
+        let queue = state.queues.entry(request.key().clone()).or_default();
+        match queue.iter_mut().find(|w| w.lease_id == request.lease_id()) {
+            Some(waiter) => waiter.expires_at = expires_at,
+            None => queue.push_back(Waiter {
+                lease_id: request.lease_id(),
+                expires_at,
+                wake: Arc::new(Notify::new()),
+            }),
+        }
+        Ok(())
+    }
+
+    async fn try_acquire_queued(&self, request: &AcquireRequest) -> Result<Turn> {
+        self.reachable()?;
+        if !self.capabilities.fair_ordering {
+            return Err(crate::backend::no_queue(self.name()));
+        }
+        {
+            let expires_at = self.expiry(request.ttl())?;
+            let mut state = lock(&self.store.state);
+            state.prune_queue(request.key(), Instant::now());
+            let own = state
+                .queues
+                .get_mut(request.key())
+                .and_then(|queue| queue.iter_mut().find(|w| w.lease_id == request.lease_id()));
+            match own {
+                // A live waiter's poll keeps its entry alive.
+                Some(waiter) => waiter.expires_at = expires_at,
+                None => return Ok(Turn::NotQueued),
+            }
+        }
+        Ok(match self.grant(request, true)? {
+            Some(grant) => Turn::Granted(grant),
+            None => Turn::Waiting,
+        })
+    }
+
+    async fn leave_queue(&self, key: &LockKey, lease_id: LeaseId) -> Result<()> {
+        self.reachable()?;
+        lock(&self.store.state).leave_queue(key, lease_id);
+        Ok(())
+    }
+
+    async fn watch_turn(&self, request: &AcquireRequest) -> Result<Option<Box<dyn KeyWatch>>> {
+        self.reachable()?;
+        let state = lock(&self.store.state);
+        let wake = state
+            .queues
+            .get(request.key())
+            .and_then(|queue| queue.iter().find(|w| w.lease_id == request.lease_id()))
+            .map(|waiter| Arc::clone(&waiter.wake));
+        Ok(wake.map(|wake| Box::new(TurnWatch(wake)) as Box<dyn KeyWatch>))
+    }
+}
+
+/// A fair waiter's wake-ups: the store notifies the head of the queue only.
+struct TurnWatch(Arc<Notify>);
+
+#[async_trait]
+impl KeyWatch for TurnWatch {
+    async fn changed(&mut self) -> Result<()> {
+        self.0.notified().await;
+        Ok(())
+    }
+}

@@ -1,0 +1,136 @@
+//! The lock request builder users refine and `.await`.
+
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::engine::reentry::{acquire_reentrant, OwnerState};
+use crate::engine::{acquire::acquire_held, ClientCore};
+use crate::error::Result;
+use crate::guard::LockGuard;
+use crate::key::LockKey;
+use crate::options::{AcquireOptions, Renewal, Wait};
+
+/// A lock request: refine it with the builder methods, then `.await` it for a guard.
+///
+/// It owns everything it needs, so it can be stored, moved into a task or spawned
+/// (`tokio::spawn(client.lock("k").into_future())`).
+///
+/// Options start from the client's defaults. [`options`](Self::options) replaces that
+/// base; the single-option methods ([`ttl`](Self::ttl), [`wait`](Self::wait), ...) are
+/// applied on top of the base whenever they were called, so no call order erases another.
+#[must_use = "a lock request does nothing until awaited"]
+#[derive(Debug)]
+pub struct LockRequest {
+    core: Arc<ClientCore>,
+    owner: Option<Arc<OwnerState>>,
+    key: Result<LockKey>,
+    base: AcquireOptions,
+    ttl: Option<Duration>,
+    wait: Option<Wait>,
+    renewal: Option<Renewal>,
+    holder_label: Option<Arc<str>>,
+}
+
+impl LockRequest {
+    pub(crate) fn new(
+        core: Arc<ClientCore>,
+        owner: Option<Arc<OwnerState>>,
+        key: Result<LockKey>,
+        defaults: AcquireOptions,
+    ) -> Self {
+        LockRequest {
+            core,
+            owner,
+            key,
+            base: defaults,
+            ttl: None,
+            wait: None,
+            renewal: None,
+            holder_label: None,
+        }
+    }
+
+    /// How long the store keeps the lease without renewal.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// How long to wait for a held key.
+    pub fn wait(mut self, wait: Wait) -> Self {
+        self.wait = Some(wait);
+        self
+    }
+
+    /// Waits at most `bound`, then fails with [`ErrorKind::TimedOut`](crate::ErrorKind).
+    pub fn wait_up_to(self, bound: Duration) -> Self {
+        self.wait(Wait::UpTo(bound))
+    }
+
+    /// Fails at once with [`ErrorKind::HeldByAnother`](crate::ErrorKind) if the key is held.
+    pub fn no_wait(self) -> Self {
+        self.wait(Wait::No)
+    }
+
+    /// Who keeps the lease alive.
+    pub fn renewal(mut self, renewal: Renewal) -> Self {
+        self.renewal = Some(renewal);
+        self
+    }
+
+    /// Labels the holder for [`LockClient::inspect`](crate::LockClient::inspect).
+    pub fn holder_label(mut self, label: impl AsRef<str>) -> Self {
+        self.holder_label = Some(Arc::from(label.as_ref()));
+        self
+    }
+
+    /// Replaces the base options (the client's defaults). Single options set with the
+    /// other methods still apply on top, before or after this call.
+    pub fn options(mut self, options: AcquireOptions) -> Self {
+        self.base = options;
+        self
+    }
+
+    /// The options the request will be made with.
+    pub fn effective_options(&self) -> AcquireOptions {
+        let mut options = self.base.clone();
+        if let Some(ttl) = self.ttl {
+            options.ttl = ttl;
+        }
+        if let Some(wait) = self.wait {
+            options.wait = wait;
+        }
+        if let Some(renewal) = self.renewal {
+            options.renewal = renewal;
+        }
+        if let Some(label) = &self.holder_label {
+            options.holder_label = Some(Arc::clone(label));
+        }
+        options
+    }
+}
+
+impl IntoFuture for LockRequest {
+    type Output = Result<LockGuard>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Result<LockGuard>> + Send + 'static>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        let options = self.effective_options();
+        Box::pin(async move {
+            let key = self.key?;
+            match self.owner {
+                Some(owner) => {
+                    let (held, reentry) =
+                        acquire_reentrant(&self.core, &owner, key, options).await?;
+                    Ok(LockGuard::new(held, Some(reentry)))
+                }
+                None => Ok(LockGuard::new(
+                    acquire_held(&self.core, key, options).await?,
+                    None,
+                )),
+            }
+        })
+    }
+}
