@@ -14,11 +14,13 @@ use lock_core::{async_trait, Capabilities, Error, ErrorKind, LeaseId, LockKey, R
 /// An operation of [`LockBackend`] that faults can target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
-    /// `try_acquire`, and a fair queue's `enqueue` and `try_acquire_queued`.
+    /// `try_acquire`, and a fair queue's `try_acquire_queued`.
     Acquire,
+    /// A fair queue's `enqueue` and `leave_queue`.
+    Queue,
     /// `renew` and `renew_many` (one call per batch).
     Renew,
-    /// `release`, and a fair queue's `leave_queue`.
+    /// `release`.
     Release,
     /// `inspect`.
     Inspect,
@@ -26,7 +28,14 @@ pub enum Op {
     Watch,
 }
 
-const OPS: [Op; 5] = [Op::Acquire, Op::Renew, Op::Release, Op::Inspect, Op::Watch];
+const OPS: [Op; 6] = [
+    Op::Acquire,
+    Op::Queue,
+    Op::Renew,
+    Op::Release,
+    Op::Inspect,
+    Op::Watch,
+];
 
 /// What happens to a targeted operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,8 +72,8 @@ struct Rule {
 pub struct FaultyBackend {
     inner: DynBackend,
     rules: Mutex<HashMap<Op, Rule>>,
-    calls: [AtomicU64; 5],
-    completed: [AtomicU64; 5],
+    calls: [AtomicU64; 6],
+    completed: [AtomicU64; 6],
     /// Requests of [`Fault::LandLate`] that reached the store, whether or not anyone still
     /// waited for them.
     landed: Arc<AtomicU64>,
@@ -234,6 +243,7 @@ fn index(op: Op) -> usize {
         Op::Release => 2,
         Op::Inspect => 3,
         Op::Watch => 4,
+        Op::Queue => 5,
     }
 }
 
@@ -296,7 +306,7 @@ impl LockBackend for FaultyBackend {
     }
 
     async fn enqueue(&self, request: &AcquireRequest) -> Result<()> {
-        self.faulted(Op::Acquire, self.inner.enqueue(request)).await
+        self.faulted(Op::Queue, self.inner.enqueue(request)).await
     }
 
     async fn try_acquire_queued(&self, request: &AcquireRequest) -> Result<Turn> {
@@ -306,12 +316,15 @@ impl LockBackend for FaultyBackend {
                 .await;
         };
         let (inner, request) = (self.inner.clone(), request.clone());
-        self.land_late(delay, async move { inner.try_acquire_queued(&request).await })
-            .await
+        self.land_late(
+            delay,
+            async move { inner.try_acquire_queued(&request).await },
+        )
+        .await
     }
 
     async fn leave_queue(&self, key: &LockKey, lease_id: LeaseId) -> Result<()> {
-        self.faulted(Op::Release, self.inner.leave_queue(key, lease_id))
+        self.faulted(Op::Queue, self.inner.leave_queue(key, lease_id))
             .await
     }
 

@@ -64,8 +64,7 @@ impl Defective {
                 }
             }
         });
-        let session = sessions[&session.id()].session();
-        session
+        sessions[&session.id()].session()
     }
 }
 

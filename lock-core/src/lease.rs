@@ -246,14 +246,16 @@ impl AcquireRequest {
             lease_id: LeaseId::random(),
             ttl,
             drift,
-            renewal: Renewal::Auto,
+            renewal: Renewal::Manual,
             holder_label: None,
             unanswered: Arc::default(),
         }
     }
 
-    /// The same request, renewed by `renewal`. A session backend needs it: a lease its
-    /// holder renews by hand must not live by a session that others keep alive.
+    /// The same request, renewed by `renewal`. By default ([`Renewal::Manual`]) a grant
+    /// lives for its TTL unless renewed; with [`Renewal::Auto`] the core's renewal engine
+    /// keeps it alive, so a session backend may bind it to a session it shares with the
+    /// client's other such leases and keeps alive itself.
     pub fn with_renewal(mut self, renewal: Renewal) -> Self {
         self.renewal = renewal;
         self

@@ -11,10 +11,10 @@ use lock_core::{
 use tokio::task::JoinSet;
 
 use crate::ensure;
-use lock_core::ErrorKind;
 use crate::harness::expect_kind;
 use crate::harness::released;
 use crate::harness::{eventually, join_all, within, Ctx, Failure, Outcome};
+use lock_core::ErrorKind;
 
 const CLIENTS: usize = 4;
 const ROUNDS: usize = 8;
@@ -45,7 +45,10 @@ pub async fn mutual_exclusion(ctx: &Ctx) -> Outcome {
                 tokio::time::sleep(Duration::from_millis(fastrand::u64(1..4))).await;
                 *counter.lock().unwrap_or_else(|p| p.into_inner()) = seen + 1;
                 inside.fetch_sub(1, Ordering::SeqCst);
-                released(guard.release().await, "a holder found its lease gone at release")?;
+                released(
+                    guard.release().await,
+                    "a holder found its lease gone at release",
+                )?;
             }
             Ok::<(), Failure>(())
         });
@@ -198,7 +201,11 @@ pub async fn stale_holder_is_fenced_out(ctx: &Ctx) -> Outcome {
         "resource holds {:?}",
         resource.read(|log| log.clone())
     );
-    expect_kind(stale.release().await, ErrorKind::Lost, "releasing the lost lease reported it as still held")?;
+    expect_kind(
+        stale.release().await,
+        ErrorKind::Lost,
+        "releasing the lost lease reported it as still held",
+    )?;
     released(fresh.release().await, "the new holder lost its lease")?;
     Ok(())
 }

@@ -54,11 +54,12 @@ pub enum Needs {
     FairOrdering,
     /// [`Capabilities::native_notification`]: waiters are woken by the store.
     Notification,
-    /// Leases renewed by request ([`Liveness::PerLease`] or [`Liveness::Batched`]), so
-    /// faults on [`Op::Renew`](crate::Op::Renew) stop renewals. A session backend's
-    /// leases live by keep-alives instead; the session scenarios prove the same
+    /// Leases that live by their own TTL and renewals ([`Liveness::PerLease`] or
+    /// [`Liveness::Batched`]): faults on [`Op::Renew`](crate::Op::Renew) stop renewals,
+    /// and a grant whose reply comes after its TTL is over. A session backend's leases
+    /// live by their session's keep-alives instead; the session scenarios prove the same
     /// guarantees for it by cutting its link.
-    KeyRenewal,
+    LeaseTtl,
     /// [`Liveness::Session`], and a factory that can cut or slow a client's link.
     SessionLink,
     /// [`Capabilities::reentrancy`].
@@ -79,9 +80,9 @@ impl Needs {
             Needs::Notification if !caps.native_notification => {
                 Err("no native notification: waiters only poll")
             }
-            Needs::KeyRenewal if caps.liveness == Liveness::Session => {
-                Err("leases live by session keep-alives (the session scenarios cover it)")
-            }
+            Needs::LeaseTtl if caps.liveness == Liveness::Session => Err(
+                "leases live by their session, not their own TTL (the session scenarios cover it)",
+            ),
             Needs::SessionLink if caps.liveness != Liveness::Session => {
                 Err("leases are not bound to sessions")
             }
@@ -131,8 +132,8 @@ scenarios! {
     ownership::expired_lease_is_lost_even_if_untaken => Nothing,
     ownership::release_is_idempotent => Nothing,
     renewal::renewal_keeps_lock_across_ten_ttls => Nothing,
-    renewal::no_zombie_renewal_after_release => KeyRenewal,
-    renewal::lost_signal_precedes_takeover => KeyRenewal,
+    renewal::no_zombie_renewal_after_release => LeaseTtl,
+    renewal::lost_signal_precedes_takeover => LeaseTtl,
     renewal::manual_renewal_extends_then_expires => Nothing,
     waiting::try_lock_returns_at_once => Nothing,
     waiting::bounded_wait_times_out => Nothing,
@@ -143,7 +144,7 @@ scenarios! {
     waiting::subscription_setup_is_bounded_by_the_wait => Notification,
     recovery::reentrancy_accounting => Reentrancy,
     recovery::owner_tasks_keep_their_own_bounds => Reentrancy,
-    recovery::stillborn_grant_is_never_handed_out => Nothing,
+    recovery::stillborn_grant_is_never_handed_out => LeaseTtl,
     recovery::phantom_hold_of_a_retried_acquire_is_released => Nothing,
     recovery::cancelled_release_still_releases => Nothing,
     recovery::cancelled_acquire_leaves_nothing_held => Nothing,

@@ -9,8 +9,8 @@ use lock_core::{
 };
 
 use crate::ensure;
-use crate::harness::released;
 use crate::faults::{Fault, Op};
+use crate::harness::released;
 use crate::harness::{
     eventually, expect_kind, unavailable_within, within, Ctx, Failure, Outcome, SLACK,
 };
@@ -45,8 +45,14 @@ pub async fn reentrancy_accounting(ctx: &Ctx) -> Outcome {
         ErrorKind::HeldByAnother,
         "rival while re-entered",
     )?;
-    released(from_task.release().await, "inner release reported the lock gone")?;
-    released(inner.release().await, "inner release reported the lock gone")?;
+    released(
+        from_task.release().await,
+        "inner release reported the lock gone",
+    )?;
+    released(
+        inner.release().await,
+        "inner release reported the lock gone",
+    )?;
     let info = rival
         .inspect(&key)
         .await?
@@ -219,7 +225,10 @@ pub async fn ambiguous_release_resolves_on_retry(ctx: &Ctx) -> Outcome {
     let guard = client.lock(&key).await?;
     let lease = guard.lease();
     faulty.inject_times(Op::Release, Fault::ApplyThenDropReply, 1);
-    released(guard.release().await, "the release whose reply was lost reported the lease gone")?;
+    released(
+        guard.release().await,
+        "the release whose reply was lost reported the lease gone",
+    )?;
     ensure!(
         faulty.calls(Op::Release) >= 2,
         "the lost reply was not retried"
@@ -312,7 +321,10 @@ pub async fn stillborn_grant_is_never_handed_out(ctx: &Ctx) -> Outcome {
         ErrorKind::HeldByAnother,
         "rival after the retried grant",
     )?;
-    released(guard.release().await, "the retried lease was gone at release")?;
+    released(
+        guard.release().await,
+        "the retried lease was gone at release",
+    )?;
 
     faulty.inject_times(Op::Acquire, Fault::ApplyThenDelayReply(ttl), 1);
     let not_waiting = client.lock(&key).ttl(ttl).no_wait().await;

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use lock_core::{AcquireOptions, ErrorKind, Renewal, Wait};
 
 use crate::ensure;
-use crate::harness::released;
 use crate::faults::{Fault, Op};
+use crate::harness::released;
 use crate::harness::{
     eventually, expect_kind, granted_within, spawn_lock, within, Ctx, Failure, Outcome, SLACK,
 };
@@ -49,7 +49,10 @@ pub async fn renewal_keeps_lock_across_ten_ttls(ctx: &Ctx) -> Outcome {
         !lost.load(Ordering::SeqCst),
         "lost() fired for a renewed lease"
     );
-    released(guard.release().await, "the renewed lease was gone at release")?;
+    released(
+        guard.release().await,
+        "the renewed lease was gone at release",
+    )?;
     watcher.abort();
     Ok(())
 }
@@ -144,7 +147,11 @@ pub async fn lost_signal_precedes_takeover(ctx: &Ctx) -> Outcome {
         ErrorKind::Lost,
         "renewing a lost lease",
     )?;
-    expect_kind(guard.release().await, ErrorKind::Lost, "a lost lease was reported held at release")?;
+    expect_kind(
+        guard.release().await,
+        ErrorKind::Lost,
+        "a lost lease was reported held at release",
+    )?;
     Ok(())
 }
 
@@ -176,6 +183,10 @@ pub async fn manual_renewal_extends_then_expires(ctx: &Ctx) -> Outcome {
         ErrorKind::Lost,
         "renewing after the deadline",
     )?;
-    expect_kind(guard.release().await, ErrorKind::Lost, "an expired lease was reported held at release")?;
+    expect_kind(
+        guard.release().await,
+        ErrorKind::Lost,
+        "an expired lease was reported held at release",
+    )?;
     Ok(())
 }

@@ -33,11 +33,7 @@ pub async fn session_expiry_loses_every_lease_before_a_rival_is_granted(ctx: &Ct
         "the leases of one session ended at different deadlines: {deadlines:?}"
     );
     link.restore();
-    let again = holder
-        .lock(&keys[0])
-        .ttl(ttl)
-        .wait_up_to(ttl * 4)
-        .await?;
+    let again = holder.lock(&keys[0]).ttl(ttl).wait_up_to(ttl * 4).await?;
     ensure!(
         again.token() > guards[0].token(),
         "the new acquisition did not get a newer token"
@@ -48,7 +44,10 @@ pub async fn session_expiry_loses_every_lease_before_a_rival_is_granted(ctx: &Ct
         again.is_held(),
         "a lease of the new session was not kept alive"
     );
-    released(again.release().await, "lease of the new session gone at release")?;
+    released(
+        again.release().await,
+        "lease of the new session gone at release",
+    )?;
     Ok(())
 }
 
@@ -105,9 +104,11 @@ pub async fn keep_alive_is_measured_from_its_send(ctx: &Ctx) -> Outcome {
 /// Waits until a keep-alive has moved the lease's deadline past its grant's.
 async fn kept_alive_once(guard: &LockGuard, within_time: Duration) -> Outcome {
     let granted = guard.lease().sent_at();
-    eventually(within_time * 2, "a keep-alive moved the deadline", || async {
-        Ok(guard.lease().sent_at() > granted)
-    })
+    eventually(
+        within_time * 2,
+        "a keep-alive moved the deadline",
+        || async { Ok(guard.lease().sent_at() > granted) },
+    )
     .await
 }
 

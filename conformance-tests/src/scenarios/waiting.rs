@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use lock_core::{AcquireOptions, Backoff, ErrorKind, LockKey};
 
 use crate::ensure;
-use crate::harness::released;
 use crate::faults::{Fault, FaultyBackend, Op};
+use crate::harness::released;
 use crate::harness::{
     eventually, expect_kind, granted_within, spawn_lock, within, Ctx, Failure, Outcome, SLACK,
 };

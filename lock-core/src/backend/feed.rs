@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use tokio::sync::{watch, Notify};
 
+use crate::backend::lock_unpoisoned as lock;
 use crate::backend::KeyWatch;
 use crate::error::{Error, ErrorKind, Result};
-use crate::backend::lock_unpoisoned as lock;
 
 /// Where a backend announces releases and its waiters subscribe.
 ///

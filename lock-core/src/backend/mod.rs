@@ -262,7 +262,10 @@ pub trait LockBackendExt: LockBackend {
     async fn acquire_once(&self, request: &AcquireRequest, timeout: Duration) -> Result<Lease> {
         self.capabilities().check_ttl(request.ttl())?;
         let sent_at = Instant::now();
-        match answered(request, with_timeout(timeout, "acquire", self.try_acquire(request)).await)? {
+        match answered(
+            request,
+            with_timeout(timeout, "acquire", self.try_acquire(request)).await,
+        )? {
             Some(grant) => request.grant(grant, sent_at).checked_on_arrival(request),
             None => Err(held_by_another(request.key())),
         }

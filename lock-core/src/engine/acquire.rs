@@ -98,9 +98,14 @@ async fn acquire_lease(
                     .capabilities()
                     .native_notification
                     .then(|| backend.watch(request.key()));
-                crate::engine::poll::wait_for_grant(request.key(), &spec, subscribing, |timeout| {
-                    backend.acquire_once(&request, timeout)
-                })
+                let herd = crate::engine::poll::Wakes::Herd;
+                crate::engine::poll::wait_for_grant(
+                    request.key(),
+                    &spec,
+                    herd,
+                    subscribing,
+                    |timeout| backend.acquire_once(&request, timeout),
+                )
                 .await
             }
         };

@@ -13,6 +13,15 @@ use crate::key::LockKey;
 use crate::lease::Lease;
 use crate::options::{saturating_add, WaitSpec};
 
+/// Who a store's notification wakes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wakes {
+    /// Possibly several waiters for one release: after a wake-up in vain, pause first.
+    Herd,
+    /// Only the waiter whose turn it may be (a fair queue's head): attempt at once.
+    Turn,
+}
+
 /// A subscription being set up.
 pub(crate) type Subscribing<'a> =
     Pin<Box<dyn Future<Output = Result<Option<Box<dyn KeyWatch>>>> + Send + 'a>>;
@@ -40,6 +49,7 @@ pub(crate) type Subscribing<'a> =
 pub(crate) async fn wait_for_grant<'a, A, F>(
     key: &LockKey,
     wait: &WaitSpec,
+    wakes: Wakes,
     subscribing: Option<Subscribing<'a>>,
     mut attempt_once: A,
 ) -> Result<Lease>
@@ -88,10 +98,7 @@ where
                 return Err(match failure.kind() {
                     ErrorKind::HeldByAnother => Error::new(
                         ErrorKind::TimedOut,
-                        format!(
-                            "{:?} stayed held for the whole wait",
-                            key.as_str()
-                        ),
+                        format!("{:?} stayed held for the whole wait", key.as_str()),
                     ),
                     _ => failure,
                 });
@@ -114,7 +121,7 @@ where
                         if let Err(err) = changed {
                             tracing::debug!(error = %err, "notification stream ended; polling instead");
                             watch = None;
-                        } else if woken_in_vain > 0 {
+                        } else if woken_in_vain > 0 && wakes == Wakes::Herd {
                             let pause = wait.backoff.pause(woken_in_vain - 1);
                             let resume = bounded(saturating_add(Instant::now(), pause));
                             sleep_until(TokioInstant::from_std(resume)).await;

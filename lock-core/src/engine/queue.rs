@@ -12,6 +12,7 @@
 use std::time::{Duration, Instant};
 
 use crate::backend::{AcquireRequest, DynBackend, LockBackendExt, QueuedAttempt};
+use crate::engine::poll::Wakes;
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::LockKey;
 use crate::lease::{Lease, LeaseId};
@@ -30,15 +31,23 @@ pub(crate) async fn acquire_in_queue(
     // The fallback poll keeps a live waiter's entry from expiring like a dead one's.
     let spec = WaitSpec {
         backoff: crate::options::Backoff {
-            max: wait.backoff.max.min(request.ttl() / 3).max(Duration::from_millis(1)),
+            max: wait
+                .backoff
+                .max
+                .min(request.ttl() / 3)
+                .max(Duration::from_millis(1)),
             ..wait.backoff
         },
         ..*wait
     };
     enqueue_within(backend, request, &spec).await?;
     let subscribing: crate::engine::poll::Subscribing<'_> = Box::pin(backend.watch_turn(request));
-    let result =
-        crate::engine::poll::wait_for_grant(request.key(), &spec, Some(subscribing), |timeout| {
+    let result = crate::engine::poll::wait_for_grant(
+        request.key(),
+        &spec,
+        Wakes::Turn,
+        Some(subscribing),
+        |timeout| {
             async move {
                 match backend.acquire_queued_once(request, timeout).await? {
                     QueuedAttempt::Granted(lease) => Ok(lease),
@@ -50,8 +59,9 @@ pub(crate) async fn acquire_in_queue(
                     }
                 }
             }
-        })
-        .await;
+        },
+    )
+    .await;
     if result.is_ok() {
         place.entry = None;
     }
@@ -77,10 +87,9 @@ async fn enqueue_within(
             Err(err) if err.kind() == ErrorKind::Unavailable => {
                 let pause = wait.backoff.pause(attempt);
                 attempt += 1;
-                if wait
-                    .until
-                    .is_some_and(|until| crate::options::saturating_add(Instant::now(), pause) >= until)
-                {
+                if wait.until.is_some_and(|until| {
+                    crate::options::saturating_add(Instant::now(), pause) >= until
+                }) {
                     return Err(err);
                 }
                 tokio::time::sleep(pause).await;

@@ -206,4 +206,3 @@ pub(crate) async fn acquire_reentrant(
     drop(turn);
     Ok((held, Reentry { slot_use }))
 }
-

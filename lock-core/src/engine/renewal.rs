@@ -57,7 +57,10 @@ impl Renewals {
     /// (the first lease, or the runtime it ran on has shut down).
     pub(crate) fn track(&self, held: Arc<HeldLock>) {
         let mut sender = lock_unpoisoned(&self.sender);
-        let held = match sender.as_ref().map(|tx| tx.send(Command::Track(held.clone()))) {
+        let held = match sender
+            .as_ref()
+            .map(|tx| tx.send(Command::Track(held.clone())))
+        {
             Some(Ok(())) => return,
             _ => held,
         };
@@ -205,7 +208,9 @@ impl Engine {
                 continue;
             };
             if status.expired {
-                tracked.held.mark_lost("the store ended the lease's session");
+                tracked
+                    .held
+                    .mark_lost("the store ended the lease's session");
             } else if let Some(lease) = tracked.held.lease().proven_by(&status) {
                 tracked.held.renewed(lease);
             }
@@ -347,24 +352,25 @@ impl Engine {
         let timeout = timeout.max(Duration::from_millis(1));
         self.renewing.spawn(async move {
             let sent_at = Instant::now();
-            let results =
-                match with_timeout(timeout, "renew", async { Ok(backend.renew_many(&items).await) })
-                    .await
-                {
-                    Ok(results) if results.len() == items.len() => results,
-                    Ok(results) => {
-                        let err = crate::Error::new(
-                            ErrorKind::Internal,
-                            format!(
-                                "the backend answered {} renewals for {}",
-                                results.len(),
-                                items.len()
-                            ),
-                        );
-                        vec![Err(err); items.len()]
-                    }
-                    Err(err) => vec![Err(err); items.len()],
-                };
+            let results = match with_timeout(timeout, "renew", async {
+                Ok(backend.renew_many(&items).await)
+            })
+            .await
+            {
+                Ok(results) if results.len() == items.len() => results,
+                Ok(results) => {
+                    let err = crate::Error::new(
+                        ErrorKind::Internal,
+                        format!(
+                            "the backend answered {} renewals for {}",
+                            results.len(),
+                            items.len()
+                        ),
+                    );
+                    vec![Err(err); items.len()]
+                }
+                Err(err) => vec![Err(err); items.len()],
+            };
             Renewed {
                 sent_at,
                 leases,
@@ -393,14 +399,19 @@ impl Engine {
                 }
                 Ok(false) => {
                     span.record("outcome", "lost");
-                    tracked.held.mark_lost("the store no longer holds the lease");
+                    tracked
+                        .held
+                        .mark_lost("the store no longer holds the lease");
                 }
                 Err(err) if err.kind() == ErrorKind::Lost => {
                     span.record("outcome", "lost");
                     tracked.held.mark_lost(err.message());
                 }
                 Err(err) => {
-                    span.record("outcome", crate::engine::outcome_name::<()>(&Err(err.clone())));
+                    span.record(
+                        "outcome",
+                        crate::engine::outcome_name::<()>(&Err(err.clone())),
+                    );
                     tracing::debug!(error = %err, "renewal failed; retrying until the deadline");
                     let pause = tracked.held.options.backoff.pause(tracked.attempt);
                     tracked.attempt = tracked.attempt.saturating_add(1);

@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 
 use crate::backend::{
-    lock_unpoisoned as lock, AcquireRequest, Capabilities, Grant, HolderInfo, KeyWatch,
-    Liveness, LockBackend, ReleaseFeed, Turn,
+    lock_unpoisoned as lock, AcquireRequest, Capabilities, Grant, HolderInfo, KeyWatch, Liveness,
+    LockBackend, ReleaseFeed, Turn,
 };
 use crate::error::{Error, Result};
 use crate::key::LockKey;
@@ -17,8 +17,8 @@ use crate::lease::{FencingToken, LeaseId};
 
 mod sessions;
 
-pub use sessions::MemoryLink;
 use sessions::ClientSessions;
+pub use sessions::MemoryLink;
 
 /// Locks kept in this process's memory: every capability, for tests, examples and for
 /// coordinating tasks of one process.
@@ -176,7 +176,11 @@ impl MemoryBackend {
         let mut state = lock(&self.store.state);
         let now = Instant::now();
         if let Some(session) = &session {
-            if !state.sessions.get(&session.store_id).is_some_and(|end| now < *end) {
+            if state
+                .sessions
+                .get(&session.store_id)
+                .is_none_or(|end| now >= *end)
+            {
                 // The client has not heard yet that the store ended the session: tell it,
                 // so the retry of this attempt opens a new one.
                 session.keeper.expired();
@@ -220,7 +224,13 @@ impl MemoryBackend {
             }
         };
         if queued {
-            state.leave_queue(request.key(), request.lease_id());
+            // The key is held again: the next waiter's turn comes with the release.
+            if let Some(queue) = state.queues.get_mut(request.key()) {
+                queue.retain(|waiter| waiter.lease_id != request.lease_id());
+                if queue.is_empty() {
+                    state.queues.remove(request.key());
+                }
+            }
         }
         Ok(Some(match session {
             Some(session) => Grant::in_session(token, session.keeper.session()),
@@ -298,7 +308,8 @@ impl State {
     fn open_session(&mut self, ttl: Duration) -> u64 {
         self.last_session += 1;
         let id = self.last_session;
-        self.sessions.insert(id, crate::options::saturating_add(Instant::now(), ttl));
+        self.sessions
+            .insert(id, crate::options::saturating_add(Instant::now(), ttl));
         id
     }
 
