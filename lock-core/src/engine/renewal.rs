@@ -435,3 +435,168 @@ fn renew_at(held: &HeldLock, lease: &Lease) -> Option<Instant> {
 fn far_future() -> Instant {
     crate::options::saturating_add(Instant::now(), Duration::MAX)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use async_trait::async_trait;
+
+    use crate::backend::{
+        AcquireRequest, Capabilities, Grant, HolderInfo, LeaseRenewal, Liveness, LockBackend,
+        SessionKeeper,
+    };
+    use crate::error::Result;
+    use crate::key::LockKey;
+    use crate::lease::LeaseId;
+    use crate::{LockClient, MemoryBackend};
+
+    /// The memory store behind a client that renews in batches (counting the calls) or
+    /// keeps leases alive by one session the test steers.
+    #[derive(Debug)]
+    struct Steered {
+        store: MemoryBackend,
+        capabilities: Capabilities,
+        batches: AtomicU64,
+        session: Option<SessionKeeper>,
+    }
+
+    impl Steered {
+        fn new(liveness: Liveness) -> Self {
+            Steered {
+                store: MemoryBackend::new(),
+                capabilities: Capabilities {
+                    liveness,
+                    ..MemoryBackend::new().capabilities().clone()
+                },
+                batches: AtomicU64::new(0),
+                session: (liveness == Liveness::Session)
+                    .then(|| SessionKeeper::new(Instant::now(), Duration::from_secs(60))),
+            }
+        }
+    }
+
+    #[async_trait]
+    impl LockBackend for Steered {
+        fn name(&self) -> &'static str {
+            "steered"
+        }
+        fn capabilities(&self) -> &Capabilities {
+            &self.capabilities
+        }
+        async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
+            let granted = self.store.try_acquire(request).await?;
+            Ok(match (granted, &self.session) {
+                (Some(grant), Some(session)) => {
+                    Some(Grant::in_session(grant.token(), session.session()))
+                }
+                (granted, _) => granted,
+            })
+        }
+        async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
+            self.store.renew(key, lease_id, ttl).await
+        }
+        async fn renew_many(&self, leases: &[LeaseRenewal]) -> Vec<Result<bool>> {
+            self.batches.fetch_add(1, Ordering::SeqCst);
+            self.store.renew_many(leases).await
+        }
+        async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
+            self.store.release(key, lease_id).await
+        }
+        async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
+            self.store.inspect(key).await
+        }
+    }
+
+    /// Ten thousand automatically renewed guards: one engine task, and a bounded number
+    /// of renewal round trips per interval however many leases are due.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ten_thousand_guards_cost_one_task_and_few_round_trips() {
+        let backend = Arc::new(Steered::new(Liveness::Batched));
+        let client = LockClient::from_dyn(backend.clone());
+        let ttl = Duration::from_millis(900);
+        let metrics = tokio::runtime::Handle::current().metrics();
+        let tasks_before = metrics.num_alive_tasks();
+        let mut guards = Vec::new();
+        for i in 0..10_000 {
+            guards.push(client.lock(format!("k{i}")).ttl(ttl).await.unwrap());
+        }
+        let tasks_held = metrics.num_alive_tasks();
+        assert!(
+            tasks_held <= tasks_before + 2,
+            "{} tasks for 10,000 guards (before: {tasks_before})",
+            tasks_held
+        );
+        // Four TTLs: every lease is renewed about twelve times.
+        let watched = Instant::now();
+        let batches_before = backend.batches.load(Ordering::SeqCst);
+        tokio::time::sleep(ttl * 4).await;
+        let batches = backend.batches.load(Ordering::SeqCst) - batches_before;
+        assert!(
+            guards.iter().all(|g| g.is_held()),
+            "a lease was lost while renewed"
+        );
+        let intervals = (watched.elapsed().as_secs_f64() / (ttl / 3).as_secs_f64()).ceil() as u64;
+        // Calls carry at most MAX_BATCH leases each: a bounded number of calls per
+        // interval, where renewing one by one would take 10,000.
+        let per_round = 10_000u64.div_ceil(super::MAX_BATCH as u64);
+        assert!(
+            batches <= (2 * intervals + 2) * per_round,
+            "{batches} renewal calls in {intervals} intervals for 10,000 leases"
+        );
+        assert!(batches > 0, "nothing was renewed");
+        for guard in guards {
+            guard.release().await.unwrap();
+        }
+    }
+
+    /// A session's keep-alive moves the deadline of all its leases to the keep-alive's
+    /// send time; a disconnect moves nothing; its end loses them all at once.
+    #[tokio::test]
+    async fn leases_follow_their_session() {
+        let backend = Arc::new(Steered::new(Liveness::Session));
+        let client = LockClient::from_dyn(backend.clone());
+        let guards: Vec<_> = futures_util::future::join_all((0..3).map(|i| {
+            client
+                .lock(format!("s{i}"))
+                .ttl(Duration::from_secs(60))
+                .into_future()
+        }))
+        .await
+        .into_iter()
+        .map(|g| g.unwrap())
+        .collect();
+        let session = backend.session.as_ref().unwrap();
+        let sent = Instant::now();
+        session.kept_alive(sent);
+        wait_until(|| guards.iter().all(|g| g.lease().sent_at() == sent)).await;
+        session.disconnected();
+        session.kept_alive(sent - Duration::from_millis(1));
+        assert!(guards.iter().all(|g| g.lease().sent_at() == sent));
+        session.expired();
+        for guard in &guards {
+            tokio::time::timeout(Duration::from_secs(5), guard.lost())
+                .await
+                .expect("a lease outlived its session");
+        }
+        for guard in guards {
+            assert_eq!(
+                guard.release().await.unwrap_err().kind(),
+                crate::ErrorKind::Lost
+            );
+        }
+    }
+
+    /// Polls a condition with a deadline (an event with no notification to wait on).
+    async fn wait_until(mut check: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !check() {
+            assert!(Instant::now() < deadline, "not true within 5 s");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    use std::future::IntoFuture;
+}
