@@ -11,7 +11,8 @@
 //! let guard = client.lock("invoices/2026-11").ttl(Duration::from_secs(10)).await?;
 //! println!("holding {} with fencing token {}", guard.key(), guard.token());
 //! // Pass the token to whatever the lock protects; a stale holder's token is refused.
-//! assert!(guard.release().await?);
+//! // A lease lost before the release is an error the caller has to handle.
+//! guard.release().await?;
 //! # Ok(())
 //! # }
 //! ```
@@ -28,16 +29,29 @@
 //! | `mysql://`, `mariadb://` | MariaDB 10.5+ (`lock-sql`) | `mysql` |
 //! | `redis://`, `redis+redlock://` | Redis, Redlock (`lock-redis`) | `redis` (`rediss` with `redis-tls`) |
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+)]
 pub use lock_sql;
 
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use lock_redis;
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
-pub use lock_core::*;
+pub use lock_core::backend;
+pub use lock_core::{
+    default_drift_allowance, redact_url, AcquireOptions, Backoff, Capabilities, Error,
+    ErrorKind, FencedResource, FencingToken, Lease, LeaseId, Liveness, LockClient, LockGuard,
+    LockKey, LockOwner, LockRequest, LockStatus, MemoryBackend, Renewal, Result, StaleToken,
+    Wait,
+};
 
 /// A client for the store named by `url`.
 ///
@@ -185,7 +199,7 @@ mod tests {
             b.try_lock("k").await.unwrap_err().kind(),
             ErrorKind::HeldByAnother
         );
-        assert!(guard.release().await.unwrap());
+        guard.release().await.unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

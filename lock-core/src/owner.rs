@@ -148,4 +148,22 @@ mod tests {
             guard.release().await.unwrap();
         }
     }
+
+    /// A lost lease's release is `Lost` at every depth of re-entry, not only the outermost.
+    #[tokio::test]
+    async fn every_depth_reports_a_lost_lease() {
+        let owner = LockClient::new(MemoryBackend::new()).owner();
+        let outer = owner
+            .lock("k")
+            .ttl(Duration::from_millis(50))
+            .renewal(crate::Renewal::Manual)
+            .await
+            .unwrap();
+        let inner = owner.lock("k").await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), outer.lost())
+            .await
+            .expect("the unrenewed lease was never lost");
+        assert_eq!(inner.release().await.unwrap_err().kind(), ErrorKind::Lost);
+        assert_eq!(outer.release().await.unwrap_err().kind(), ErrorKind::Lost);
+    }
 }
