@@ -58,7 +58,7 @@ impl<T> FencedResource<T> {
         token: FencingToken,
         write: impl FnOnce(&mut T) -> R,
     ) -> Result<R, StaleToken> {
-        let mut state = crate::backend::lock_unpoisoned(&self.state);
+        let mut state = crate::sync::lock_unpoisoned(&self.state);
         if let Some(highest) = state.0 {
             if token < highest {
                 return Err(StaleToken {
@@ -73,12 +73,12 @@ impl<T> FencedResource<T> {
 
     /// Reads the value.
     pub fn read<R>(&self, read: impl FnOnce(&T) -> R) -> R {
-        let state = crate::backend::lock_unpoisoned(&self.state);
+        let state = crate::sync::lock_unpoisoned(&self.state);
         read(&state.1)
     }
 
     /// The highest token accepted so far.
     pub fn highest_token(&self) -> Option<FencingToken> {
-        crate::backend::lock_unpoisoned(&self.state).0
+        crate::sync::lock_unpoisoned(&self.state).0
     }
 }

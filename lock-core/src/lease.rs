@@ -2,14 +2,11 @@
 
 use std::fmt;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backend::{Grant, Session, SessionStatus};
 use crate::error::{Error, Result};
 use crate::key::LockKey;
-use crate::options::Renewal;
+use crate::session::{Session, SessionStatus};
 
 /// A random 128-bit identity of one acquisition, chosen by the client before it sends the
 /// request so that a retried request can be recognised by the store as the same one.
@@ -111,6 +108,27 @@ pub struct Lease {
 }
 
 impl Lease {
+    /// A lease granted to `id` with `token`, valid for `ttl` minus `drift` from `sent_at`.
+    pub(crate) fn new(
+        key: LockKey,
+        id: LeaseId,
+        token: FencingToken,
+        (ttl, drift): (Duration, Duration),
+        sent_at: Instant,
+        session: Option<Session>,
+    ) -> Lease {
+        Lease {
+            key,
+            id,
+            token,
+            ttl,
+            drift,
+            sent_at,
+            valid_until: local_deadline(sent_at, ttl, drift),
+            session,
+        }
+    }
+
     /// The locked key.
     pub fn key(&self) -> &LockKey {
         &self.key
@@ -180,40 +198,6 @@ impl Lease {
             ..self.clone()
         }
     }
-
-    /// The lease, if its local deadline is still ahead now that the grant has arrived;
-    /// otherwise [`ErrorKind::Unavailable`](crate::ErrorKind), noted on `request` as an
-    /// unanswered attempt. A grant that is over when it arrives must never be handed out:
-    /// the store may already have granted the key to someone else.
-    pub fn checked_on_arrival(self, request: &AcquireRequest) -> Result<Lease> {
-        if self.is_valid() {
-            return Ok(self);
-        }
-        request.note_unanswered();
-        Err(Error::new(
-            crate::ErrorKind::Unavailable,
-            format!(
-                "the grant of {:?} arrived after its local deadline ({:?} after it was sent)",
-                self.key.as_str(),
-                self.sent_at.elapsed()
-            ),
-        ))
-    }
-
-    /// What the store's "this lease is not held" means for this lease: before the local
-    /// deadline the store cannot have expired it, so an earlier attempt of ours released
-    /// it ([`ReleaseOutcome::AlreadyReleased`](crate::backend::ReleaseOutcome)); after the deadline
-    /// it may have expired, which is reported as [`ErrorKind::Lost`](crate::ErrorKind).
-    pub fn not_held_outcome(&self) -> Result<crate::backend::ReleaseOutcome> {
-        if self.is_valid() {
-            Ok(crate::backend::ReleaseOutcome::AlreadyReleased)
-        } else {
-            Err(Error::lost(format!(
-                "lease on {:?} expired before it was released",
-                self.key.as_str()
-            )))
-        }
-    }
 }
 
 fn local_deadline(sent_at: Instant, ttl: Duration, drift: Duration) -> Instant {
@@ -221,134 +205,6 @@ fn local_deadline(sent_at: Instant, ttl: Duration, drift: Duration) -> Instant {
     // addition cannot overflow in practice; saturate anyway rather than panic.
     let valid_for = ttl.saturating_sub(drift);
     sent_at.checked_add(valid_for).unwrap_or(sent_at)
-}
-
-/// Everything a backend needs to grant one acquisition.
-///
-/// Clones are the same acquisition: they share the record of whether any attempt went
-/// unanswered.
-#[derive(Clone, Debug)]
-pub struct AcquireRequest {
-    key: LockKey,
-    lease_id: LeaseId,
-    ttl: Duration,
-    drift: Duration,
-    renewal: Renewal,
-    holder_label: Option<Arc<str>>,
-    unanswered: Arc<AtomicBool>,
-}
-
-impl AcquireRequest {
-    /// A request for `key` with a fresh lease id. `drift` is the clock-drift allowance.
-    pub fn new(key: LockKey, ttl: Duration, drift: Duration) -> Self {
-        AcquireRequest {
-            key,
-            lease_id: LeaseId::random(),
-            ttl,
-            drift,
-            renewal: Renewal::Manual,
-            holder_label: None,
-            unanswered: Arc::default(),
-        }
-    }
-
-    /// The same request, renewed by `renewal`. By default ([`Renewal::Manual`]) a grant
-    /// lives for its TTL unless renewed; with [`Renewal::Auto`] the core's renewal engine
-    /// keeps it alive, so a session backend may bind it to a session it shares with the
-    /// client's other such leases and keeps alive itself.
-    pub fn with_renewal(mut self, renewal: Renewal) -> Self {
-        self.renewal = renewal;
-        self
-    }
-
-    /// The same request, labelled for [`LockStatus::holder`](crate::LockStatus::holder).
-    pub fn with_holder_label(mut self, label: Option<Arc<str>>) -> Self {
-        self.holder_label = label;
-        self
-    }
-
-    /// Who renews the lease once granted.
-    pub fn renewal(&self) -> Renewal {
-        self.renewal
-    }
-
-    /// A label saying who holds the lease (a host name, a job id), for operators; stores
-    /// that have room for it keep it.
-    pub fn holder_label(&self) -> Option<&str> {
-        self.holder_label.as_deref()
-    }
-
-    /// Records that an attempt of this acquisition got no usable answer (a time-out, a
-    /// lost connection, a grant that arrived already over), so it may still land in the
-    /// store later. The core then releases the lease id once more a request timeout after
-    /// the lease ends, so such a late landing cannot hold the key for a TTL. A backend that
-    /// waits in its own queue calls it for attempts it retries itself.
-    pub fn note_unanswered(&self) {
-        self.unanswered.store(true, Ordering::Relaxed);
-    }
-
-    /// Whether any attempt of this acquisition went unanswered.
-    pub fn had_unanswered_attempt(&self) -> bool {
-        self.unanswered.load(Ordering::Relaxed)
-    }
-
-    /// The same request under a chosen lease id (a retry, or a test).
-    pub fn with_lease_id(mut self, lease_id: LeaseId) -> Self {
-        self.lease_id = lease_id;
-        self
-    }
-
-    /// The key to lock.
-    pub fn key(&self) -> &LockKey {
-        &self.key
-    }
-
-    /// The identity the new lease will have.
-    pub fn lease_id(&self) -> LeaseId {
-        self.lease_id
-    }
-
-    /// The time to live to ask the store for.
-    pub fn ttl(&self) -> Duration {
-        self.ttl
-    }
-
-    /// The clock-drift allowance the granted lease's local deadline will subtract.
-    pub fn drift_allowance(&self) -> Duration {
-        self.drift
-    }
-
-    /// The lease the store granted, for an attempt sent at `sent_at`.
-    ///
-    /// A lease bound to a session lives by the session: its deadline runs from the send
-    /// time of the request that last proved the session alive, for the session's TTL (an
-    /// expired session gives a lease that is over at once).
-    pub fn grant(&self, grant: impl Into<Grant>, sent_at: Instant) -> Lease {
-        let grant = grant.into();
-        let lease = Lease {
-            key: self.key.clone(),
-            id: self.lease_id,
-            token: grant.token(),
-            ttl: self.ttl,
-            drift: self.drift,
-            sent_at,
-            valid_until: local_deadline(sent_at, self.ttl, self.drift),
-            session: grant.session().cloned(),
-        };
-        match grant.session().map(Session::status) {
-            None => lease,
-            Some(status) if status.expired => Lease {
-                valid_until: sent_at.min(Instant::now()),
-                ..lease
-            },
-            Some(status) => lease.renewed(status.ttl, status.proven_at),
-        }
-    }
-}
-
-/// The default clock-drift allowance for a TTL: 1% plus 2 ms, as in the Redlock analysis.
-pub fn default_drift_allowance(ttl: Duration) -> Duration {
-    ttl / 100 + Duration::from_millis(2)
 }
 
 #[cfg(test)]
@@ -365,13 +221,15 @@ mod tests {
 
     #[test]
     fn deadline_is_measured_from_send_minus_drift() {
-        let req = AcquireRequest::new(
-            LockKey::new("k").unwrap(),
-            Duration::from_secs(10),
-            Duration::from_millis(102),
-        );
         let sent = Instant::now();
-        let lease = req.grant(FencingToken::new(7), sent);
+        let lease = Lease::new(
+            LockKey::new("k").unwrap(),
+            LeaseId::random(),
+            FencingToken::new(7),
+            (Duration::from_secs(10), Duration::from_millis(102)),
+            sent,
+            None,
+        );
         assert_eq!(lease.valid_until(), sent + Duration::from_millis(9898));
         let later = sent + Duration::from_secs(1);
         assert_eq!(

@@ -17,16 +17,17 @@ use async_trait::async_trait;
 mod detach;
 mod feed;
 mod listener;
-mod session;
+mod request;
 mod support;
 
 pub use crate::capabilities::{Capabilities, Liveness};
-pub use crate::lease::AcquireRequest;
+pub use crate::session::{Session, SessionKeeper, SessionStatus};
+pub use crate::sync::lock_unpoisoned;
 pub use detach::{finish_if_dropped, FinishIfDropped};
 pub use feed::ReleaseFeed;
 pub use listener::{supervise_listener, ListenerLink, ListenerTask};
-pub use session::{Session, SessionKeeper, SessionStatus};
-pub use support::{lock_unpoisoned, with_timeout};
+pub use request::AcquireRequest;
+pub use support::with_timeout;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::LockKey;
@@ -266,7 +267,7 @@ pub trait LockBackendExt: LockBackend {
             request,
             with_timeout(timeout, "acquire", self.try_acquire(request)).await,
         )? {
-            Some(grant) => request.grant(grant, sent_at).checked_on_arrival(request),
+            Some(grant) => request.checked_on_arrival(request.grant(grant, sent_at)),
             None => Err(held_by_another(request.key())),
         }
     }
@@ -282,7 +283,7 @@ pub trait LockBackendExt: LockBackend {
         let turn = with_timeout(timeout, "acquire", self.try_acquire_queued(request)).await;
         Ok(match answered(request, turn)? {
             Turn::Granted(grant) => {
-                QueuedAttempt::Granted(request.grant(grant, sent_at).checked_on_arrival(request)?)
+                QueuedAttempt::Granted(request.checked_on_arrival(request.grant(grant, sent_at))?)
             }
             Turn::Waiting => QueuedAttempt::Waiting,
             Turn::NotQueued => QueuedAttempt::NotQueued,
@@ -311,12 +312,27 @@ pub trait LockBackendExt: LockBackend {
         if with_timeout(timeout, "release", self.release(lease.key(), lease.id())).await? {
             Ok(ReleaseOutcome::Released)
         } else {
-            lease.not_held_outcome()
+            not_held_outcome(lease)
         }
     }
 }
 
 impl<B: LockBackend + ?Sized> LockBackendExt for B {}
+
+/// What the store's "this lease is not held" means for `lease`: before the local deadline
+/// the store cannot have expired it, so an earlier attempt of ours released it
+/// ([`ReleaseOutcome::AlreadyReleased`]); after the deadline it may have expired, which is
+/// reported as [`ErrorKind::Lost`].
+fn not_held_outcome(lease: &Lease) -> Result<ReleaseOutcome> {
+    if lease.is_valid() {
+        Ok(ReleaseOutcome::AlreadyReleased)
+    } else {
+        Err(Error::lost(format!(
+            "lease on {:?} expired before it was released",
+            lease.key().as_str()
+        )))
+    }
+}
 
 /// What one queued attempt came to ([`LockBackendExt::acquire_queued_once`]).
 #[derive(Debug)]

@@ -1,6 +1,5 @@
-//! Sessions: one keep-alive for every lease granted under it ([`Liveness::Session`]).
-//!
-//! [`Liveness::Session`]: crate::backend::Liveness::Session
+//! Sessions: one keep-alive for every lease granted under it
+//! ([`Liveness::Session`](crate::Liveness::Session)).
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,0 +1,150 @@
+//! What a backend is asked to grant.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::backend::Grant;
+use crate::error::{Error, Result};
+use crate::key::LockKey;
+use crate::lease::{Lease, LeaseId};
+use crate::options::Renewal;
+use crate::session::Session;
+
+/// Everything a backend needs to grant one acquisition.
+///
+/// Clones are the same acquisition: they share the record of whether any attempt went
+/// unanswered.
+#[derive(Clone, Debug)]
+pub struct AcquireRequest {
+    key: LockKey,
+    lease_id: LeaseId,
+    ttl: Duration,
+    drift: Duration,
+    renewal: Renewal,
+    holder_label: Option<Arc<str>>,
+    unanswered: Arc<AtomicBool>,
+}
+
+impl AcquireRequest {
+    /// A request for `key` with a fresh lease id. `drift` is the clock-drift allowance.
+    pub fn new(key: LockKey, ttl: Duration, drift: Duration) -> Self {
+        AcquireRequest {
+            key,
+            lease_id: LeaseId::random(),
+            ttl,
+            drift,
+            renewal: Renewal::Manual,
+            holder_label: None,
+            unanswered: Arc::default(),
+        }
+    }
+
+    /// The same request, renewed by `renewal`. By default ([`Renewal::Manual`]) a grant
+    /// lives for its TTL unless renewed; with [`Renewal::Auto`] the core's renewal engine
+    /// keeps it alive, so a session backend may bind it to a session it shares with the
+    /// client's other such leases and keeps alive itself.
+    pub fn with_renewal(mut self, renewal: Renewal) -> Self {
+        self.renewal = renewal;
+        self
+    }
+
+    /// The same request, labelled for [`LockStatus::holder`](crate::LockStatus::holder).
+    pub fn with_holder_label(mut self, label: Option<Arc<str>>) -> Self {
+        self.holder_label = label;
+        self
+    }
+
+    /// Who renews the lease once granted.
+    pub fn renewal(&self) -> Renewal {
+        self.renewal
+    }
+
+    /// A label saying who holds the lease (a host name, a job id), for operators; stores
+    /// that have room for it keep it.
+    pub fn holder_label(&self) -> Option<&str> {
+        self.holder_label.as_deref()
+    }
+
+    /// Records that an attempt of this acquisition got no usable answer (a time-out, a
+    /// lost connection, a grant that arrived already over), so it may still land in the
+    /// store later. The core then releases the lease id once more a request timeout after
+    /// the lease ends, so such a late landing cannot hold the key for a TTL. A backend that
+    /// waits in its own queue calls it for attempts it retries itself.
+    pub fn note_unanswered(&self) {
+        self.unanswered.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether any attempt of this acquisition went unanswered.
+    pub fn had_unanswered_attempt(&self) -> bool {
+        self.unanswered.load(Ordering::Relaxed)
+    }
+
+    /// The same request under a chosen lease id (a retry, or a test).
+    pub fn with_lease_id(mut self, lease_id: LeaseId) -> Self {
+        self.lease_id = lease_id;
+        self
+    }
+
+    /// The key to lock.
+    pub fn key(&self) -> &LockKey {
+        &self.key
+    }
+
+    /// The identity the new lease will have.
+    pub fn lease_id(&self) -> LeaseId {
+        self.lease_id
+    }
+
+    /// The time to live to ask the store for.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The clock-drift allowance the granted lease's local deadline will subtract.
+    pub fn drift_allowance(&self) -> Duration {
+        self.drift
+    }
+
+    /// The lease the store granted, for an attempt sent at `sent_at`.
+    ///
+    /// A lease bound to a session lives by the session: its deadline runs from the send
+    /// time of the request that last proved the session alive, for the session's TTL (an
+    /// expired session gives a lease that is over at once).
+    pub fn grant(&self, grant: impl Into<Grant>, sent_at: Instant) -> Lease {
+        let grant = grant.into();
+        let lease = Lease::new(
+            self.key.clone(),
+            self.lease_id,
+            grant.token(),
+            (self.ttl, self.drift),
+            sent_at,
+            grant.session().cloned(),
+        );
+        match grant.session().map(Session::status) {
+            None => lease,
+            // Over at once: the attempt is retried under a new session.
+            Some(status) if status.expired => lease.renewed(Duration::ZERO, sent_at),
+            Some(status) => lease.renewed(status.ttl, status.proven_at),
+        }
+    }
+
+    /// `lease`, if its local deadline is still ahead now that the grant has arrived;
+    /// otherwise [`ErrorKind::Unavailable`](crate::ErrorKind), noted on this request as an
+    /// unanswered attempt. A grant that is over when it arrives must never be handed out:
+    /// the store may already have granted the key to someone else.
+    pub fn checked_on_arrival(&self, lease: Lease) -> Result<Lease> {
+        if lease.is_valid() {
+            return Ok(lease);
+        }
+        self.note_unanswered();
+        Err(Error::new(
+            crate::ErrorKind::Unavailable,
+            format!(
+                "the grant of {:?} arrived after its local deadline ({:?} after it was sent)",
+                lease.key().as_str(),
+                lease.sent_at().elapsed()
+            ),
+        ))
+    }
+}
