@@ -6,10 +6,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{
-    async_trait, finish_if_dropped, AcquireRequest, Capabilities, Error, ErrorKind, FencingToken,
-    KeyWatch, LeaseId, LockBackend, LockInfo, LockKey, Result,
+use lock_core::backend::{
+    finish_if_dropped, lock_unpoisoned, AcquireRequest, Grant, HolderInfo, KeyWatch, LockBackend,
 };
+use lock_core::{async_trait, Capabilities, Error, ErrorKind, LeaseId, Liveness, LockKey, Result};
 
 use crate::config::{Dialect, SqlConfig};
 #[cfg(feature = "mysql")]
@@ -60,9 +60,7 @@ struct Running {
 
 impl InFlight {
     fn gates(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseId, Vec<Gate>>> {
-        self.0
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock_unpoisoned(&self.0)
     }
 
     /// Records a statement of `lease_id` that starts now.
@@ -184,7 +182,7 @@ impl SqlBackend {
                     // PostgreSQL: checked by `migrate` (see docs.md).
                     durable_fencing: true,
                     reentrancy: true,
-                    session_bound: false,
+                    liveness: Liveness::PerLease,
                     min_ttl: Duration::from_millis(10),
                     max_ttl: Duration::from_secs(30 * 24 * 60 * 60),
                     ttl_granularity: Duration::from_millis(1),
@@ -310,7 +308,7 @@ impl LockBackend for SqlBackend {
         &self.inner.capabilities
     }
 
-    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<FencingToken>> {
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
         let ttl_ms = self.ttl_ms(request.ttl())?;
         let lease_id = request.lease_id();
         let running = self.inner.in_flight.start(lease_id).await;
@@ -320,7 +318,7 @@ impl LockBackend for SqlBackend {
         finish_if_dropped(async move {
             let result = on_store!(&inner.store, ops => ops.acquire(&key, lease_id, ttl_ms).await);
             drop(running);
-            result
+            result.map(|granted| granted.map(Grant::new))
         })
         .await
     }
@@ -341,7 +339,7 @@ impl LockBackend for SqlBackend {
         finish_if_dropped(Arc::clone(&self.inner).release(key.clone(), lease_id)).await
     }
 
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
         let inner = Arc::clone(&self.inner);
         let key = key.clone();
         finish_if_dropped(async move { on_store!(&inner.store, ops => ops.inspect(&key).await) })

@@ -6,7 +6,8 @@
 
 use std::time::Duration;
 
-use lock_core::{ErrorKind, LockClient};
+use lock_core::backend::LockBackend;
+use lock_core::{ErrorKind, LockClient, LockKey};
 
 mod support;
 use support::Database;
@@ -84,13 +85,20 @@ async fn hostile_keys(db: Database) {
     expected.sort();
     assert_eq!(stored, expected, "keys were mangled or merged");
     for (key, guard) in &guards {
-        let info = client.inspect(key).await.unwrap().expect("held");
+        let info = backend
+            .inspect(&LockKey::new(key.as_str()).unwrap())
+            .await
+            .unwrap()
+            .expect("held");
         assert_eq!(info.lease_id, guard.lease().id(), "{key:?}");
         let err = client.try_lock(key).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::HeldByAnother, "{key:?}");
     }
     for (key, guard) in guards {
-        assert!(guard.release().await.unwrap(), "{key:?}");
+        guard
+            .release()
+            .await
+            .unwrap_or_else(|e| panic!("{key:?}: {e}"));
         assert!(client.inspect(&key).await.unwrap().is_none(), "{key:?}");
     }
     // Only the bystanders are left, still held by their own leases.
@@ -99,7 +107,7 @@ async fn hostile_keys(db: Database) {
     assert_eq!(left, bystanders.to_vec());
     for guard in bystander_guards {
         assert!(guard.is_held());
-        assert!(guard.release().await.unwrap());
+        guard.release().await.unwrap();
     }
     assert!(backend.stored_keys(&prefix).await.unwrap().is_empty());
 }

@@ -12,7 +12,8 @@
 use std::time::{Duration, Instant};
 
 use conformance_tests::{eventually, within, Failure};
-use lock_core::{AcquireRequest, ErrorKind, LeaseId, LockBackend, LockKey};
+use lock_core::backend::{AcquireRequest, LockBackend};
+use lock_core::{ErrorKind, FencingToken, LeaseId, LockKey};
 use sqlx::Row;
 
 mod raw_connection;
@@ -31,6 +32,17 @@ fn key(name: &str) -> LockKey {
 
 fn request(key: &LockKey, ttl: Duration, lease: LeaseId) -> AcquireRequest {
     AcquireRequest::new(key.clone(), ttl, DRIFT).with_lease_id(lease)
+}
+
+/// One acquisition attempt, answering the granted token.
+async fn attempt(
+    backend: &impl LockBackend,
+    request: &AcquireRequest,
+) -> lock_core::Result<Option<FencingToken>> {
+    Ok(backend
+        .try_acquire(request)
+        .await?
+        .map(|grant| grant.token()))
 }
 
 /// Waits until a statement waits for a lock; returns its server process id (PostgreSQL).
@@ -65,7 +77,7 @@ async fn grant_after_a_long_lock_wait_is_not_born_expired(db: Database) {
     let attempt = tokio::spawn({
         let backend = backend.clone();
         let request = request(&key, TTL, lease);
-        async move { backend.try_acquire(&request).await }
+        async move { attempt(&backend, &request).await }
     });
     blocked_session(&db).await;
     let held_from = Instant::now();
@@ -103,7 +115,7 @@ async fn grant_after_a_long_counter_wait_is_not_handed_out_expired(db: Database)
     let attempt = tokio::spawn({
         let backend = backend.clone();
         let request = request(&key, TTL, lease);
-        async move { backend.try_acquire(&request).await }
+        async move { attempt(&backend, &request).await }
     });
     blocked_session(&db).await;
     tokio::time::sleep(HOLD).await;
@@ -154,7 +166,7 @@ async fn takeover_token_is_drawn_under_the_row_lock(db: Database) {
     let attempt = tokio::spawn({
         let backend = backend.clone();
         let request = request(&key, Duration::from_secs(30), lease);
-        async move { backend.try_acquire(&request).await }
+        async move { attempt(&backend, &request).await }
     });
     blocked_session(&db).await;
     let RawConnection::Postgres(conn) = &mut rival else {
@@ -191,13 +203,11 @@ async fn regrant_and_renewal_never_shorten_the_expiry(db: Database) {
     let key = key("never-shorter");
     let lease = LeaseId::random();
     let long = Duration::from_secs(60);
-    let first = backend
-        .try_acquire(&request(&key, long, lease))
+    let first = attempt(&backend, &request(&key, long, lease))
         .await
         .unwrap()
         .unwrap();
-    let again = backend
-        .try_acquire(&request(&key, Duration::from_millis(50), lease))
+    let again = attempt(&backend, &request(&key, Duration::from_millis(50), lease))
         .await
         .unwrap();
     assert_eq!(
@@ -205,7 +215,7 @@ async fn regrant_and_renewal_never_shorten_the_expiry(db: Database) {
         Some(first),
         "a retry of the same lease keeps its token"
     );
-    let remaining = |info: Option<lock_core::LockInfo>| info.unwrap().remaining_ttl;
+    let remaining = |info: Option<lock_core::backend::HolderInfo>| info.unwrap().remaining_ttl;
     let left = remaining(backend.inspect(&key).await.unwrap());
     assert!(
         left > long / 2,
@@ -346,14 +356,14 @@ async fn postgres_tokens_follow_grants_when_an_insert_stalls() {
     let stalled = tokio::spawn({
         let backend = backend.clone();
         let request = request(&key, ttl, stalled_lease);
-        async move { backend.try_acquire(&request).await }
+        async move { attempt(&backend, &request).await }
     });
     let frozen = Frozen::stop(blocked_session(&db).await);
     other.run("ROLLBACK").await;
     let mut rival = tokio::spawn({
         let backend = backend.clone();
         let request = request(&key, ttl, rival_lease);
-        async move { backend.try_acquire(&request).await }
+        async move { attempt(&backend, &request).await }
     });
     let rival_first = match tokio::time::timeout(Duration::from_millis(500), &mut rival).await {
         Ok(granted) => {

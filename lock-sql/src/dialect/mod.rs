@@ -12,7 +12,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use lock_core::{Error, ErrorKind, FencingToken, LeaseId, LockInfo, LockKey, Result};
+use lock_core::backend::HolderInfo;
+use lock_core::{Error, ErrorKind, FencingToken, LeaseId, LockKey, Result};
 use sqlx::pool::PoolOptions;
 use sqlx::{AssertSqlSafe, ColumnIndex, Database, Decode, Encode, Executor, IntoArguments};
 use sqlx::{Pool, Row, SqlSafeStr, SqlStr, Type};
@@ -295,7 +296,7 @@ where
         .transpose()
     }
 
-    pub(crate) async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+    pub(crate) async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
         let query = sqlx::query(self.sql.inspect.clone()).bind(key.as_str().to_owned());
         let row = self
             .on_connection("inspect", move |conn| Box::pin(query.fetch_optional(conn)))
@@ -307,11 +308,13 @@ where
         let (lease, token, remaining): (String, i64, i64) =
             (|| Ok::<_, sqlx::Error>((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))()
                 .map_err(read)?;
-        Ok(Some(LockInfo {
+        Ok(Some(HolderInfo {
             lease_id: lease.parse()?,
             token: token_from(token)?,
             remaining_ttl: Duration::from_millis(u64::try_from(remaining).unwrap_or(0)),
             waiters: None,
+            // The table keeps no holder label.
+            holder: None,
         }))
     }
 

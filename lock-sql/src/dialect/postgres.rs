@@ -3,7 +3,10 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use lock_core::{Error, KeyWatch, LockKey, ReleaseFeed, Result};
+use lock_core::{
+    backend::{KeyWatch, ReleaseFeed},
+    Error, LockKey, Result,
+};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgQueryResult};
 use sqlx::{AssertSqlSafe, Pool, Postgres, Row, SqlSafeStr, SqlStr};
 use tokio::sync::watch;

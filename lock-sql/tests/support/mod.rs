@@ -12,7 +12,7 @@ use conformance_tests::store_process::{
     StoreProcess, StoreSpec, MARIADB_DATABASE, MARIADB_PASSWORD, MARIADB_USER, POSTGRES_PASSWORD,
 };
 use conformance_tests::BackendFactory;
-use lock_core::{async_trait, DynBackend};
+use lock_core::{async_trait, backend::DynBackend};
 use lock_sql::SqlBackend;
 
 /// A private database: a temp-dir SQLite file, or a server started for the test.
