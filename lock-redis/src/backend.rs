@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{
-    async_trait, AcquireRequest, Capabilities, Error, ErrorKind, FencingToken, KeyWatch, LeaseId,
-    LockBackend, LockInfo, LockKey, Result,
+    async_trait,
+    backend::{AcquireRequest, Grant, HolderInfo, KeyWatch, LockBackend},
+    Capabilities, Error, ErrorKind, FencingToken, LeaseId, LockKey, Result,
 };
 
 use crate::batch::RenewBatcher;
@@ -177,7 +178,7 @@ impl LockBackend for RedisBackend {
         &self.inner.capabilities
     }
 
-    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<FencingToken>> {
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
         let inner = &self.inner;
         let token: u64 = inner
             .node
@@ -190,7 +191,7 @@ impl LockBackend for RedisBackend {
                 "acquire",
             )
             .await?;
-        Ok((token > 0).then_some(FencingToken::new(token)))
+        Ok((token > 0).then(|| FencingToken::new(token).into()))
     }
 
     async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
@@ -222,7 +223,7 @@ impl LockBackend for RedisBackend {
         Ok(released == 1)
     }
 
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
         let inner = &self.inner;
         let reply: (String, i64) = inner
             .node
@@ -230,11 +231,12 @@ impl LockBackend for RedisBackend {
             .await?;
         let parsed =
             parse_inspect(reply).ok_or_else(|| unexpected_reply("inspect", inner.node.shown()))?;
-        Ok(parsed.map(|(entry, remaining_ttl)| LockInfo {
+        Ok(parsed.map(|(entry, remaining_ttl)| HolderInfo {
             lease_id: entry.lease_id,
             token: FencingToken::new(entry.token),
             remaining_ttl,
             waiters: None,
+            holder: None,
         }))
     }
 

@@ -39,13 +39,15 @@ pub const SCHEMES: &[&str] = &["redis", "rediss", "redis+redlock", "rediss+redlo
 /// Connects to the store a URL names: a [`RedisBackend`] for `redis://` and `rediss://`, a
 /// [`RedlockBackend`] for `redis+redlock://` and `rediss+redlock://` (see [`RedisConfig`]
 /// for the URL format and options).
-pub async fn connect(url: &str) -> lock_core::Result<lock_core::DynBackend> {
+pub async fn connect(url: &str) -> lock_core::Result<lock_core::backend::DynBackend> {
     let config = RedisConfig::from_url(url)?;
     connect_with(&config).await
 }
 
 /// [`connect`] with a configuration built or adjusted in code.
-pub async fn connect_with(config: &RedisConfig) -> lock_core::Result<lock_core::DynBackend> {
+pub async fn connect_with(
+    config: &RedisConfig,
+) -> lock_core::Result<lock_core::backend::DynBackend> {
     Ok(if config.is_redlock() {
         Arc::new(RedlockBackend::connect(config).await?)
     } else {

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use lock_core::{KeyWatch, ReleaseFeed};
+use lock_core::backend::{KeyWatch, ReleaseFeed};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 

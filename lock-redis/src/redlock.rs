@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use lock_core::{
-    async_trait, AcquireRequest, Capabilities, Error, ErrorKind, FencingToken, KeyWatch, LeaseId,
-    LockBackend, LockInfo, LockKey, Result,
+    async_trait,
+    backend::{AcquireRequest, Grant, HolderInfo, KeyWatch, LockBackend},
+    Capabilities, Error, ErrorKind, FencingToken, LeaseId, LockKey, Result,
 };
 
 use crate::backend::{capabilities, node_options, parse_inspect, ttl_millis};
@@ -273,7 +274,7 @@ impl LockBackend for RedlockBackend {
         &self.inner.capabilities
     }
 
-    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<FencingToken>> {
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
         let started = Instant::now();
         let inner = &self.inner;
         let (lock_key, fence_key) = (
@@ -377,7 +378,7 @@ impl LockBackend for RedlockBackend {
             .valid_until()
             > Instant::now();
         if confirmations >= self.quorum() && still_valid {
-            return Ok(Some(FencingToken::new(token)));
+            return Ok(Some(FencingToken::new(token).into()));
         }
         self.abandon(request.key(), request.lease_id(), stamp, request.ttl())
             .await;
@@ -448,7 +449,7 @@ impl LockBackend for RedlockBackend {
         }
     }
 
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
         let inner = &self.inner;
         let lock_key = inner.layout.lock_key(key);
         let replies = self
@@ -486,11 +487,12 @@ impl LockBackend for RedlockBackend {
             .map(|(lease_id, (token, mut ttls))| {
                 // Held for as long as a majority still keeps it.
                 ttls.sort_unstable_by(|a, b| b.cmp(a));
-                LockInfo {
+                HolderInfo {
                     lease_id,
                     token: FencingToken::new(token),
                     remaining_ttl: ttls[quorum - 1],
                     waiters: None,
+                    holder: None,
                 }
             }))
     }
@@ -567,9 +569,8 @@ mod tests {
         holder.abandon(&key, request.lease_id(), earlier, ttl).await;
 
         let challenger = AcquireRequest::new(key.clone(), ttl, default_drift_allowance(ttl));
-        assert_eq!(
-            rival.try_acquire(&challenger).await.unwrap(),
-            None,
+        assert!(
+            rival.try_acquire(&challenger).await.unwrap().is_none(),
             "a rival formed a majority while the lease was held"
         );
         let held = holder

@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use lock_core::{default_drift_allowance, AcquireRequest, ErrorKind, LockKey};
+use lock_core::{backend::AcquireRequest, default_drift_allowance, ErrorKind, LockKey};
 use support::start_redis;
 
 const PASSWORD: &str = "s3cret-Pw";

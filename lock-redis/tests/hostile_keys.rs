@@ -7,7 +7,10 @@ mod support;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use lock_core::{default_drift_allowance, AcquireRequest, LockBackendExt, LockKey};
+use lock_core::{
+    backend::{AcquireRequest, LockBackendExt},
+    default_drift_allowance, LockKey,
+};
 use support::{redis_url, start_redis};
 
 const HOSTILE: &[&str] = &[

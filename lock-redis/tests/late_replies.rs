@@ -14,7 +14,7 @@ use support::{connect, proxies, redis_url, redlock_url, start_redis_nodes};
 const TTL: Duration = Duration::from_millis(200);
 const DELAY: Duration = Duration::from_millis(150);
 
-fn client(backend: lock_core::DynBackend) -> LockClient {
+fn client(backend: lock_core::backend::DynBackend) -> LockClient {
     LockClient::from_dyn(backend).with_defaults(AcquireOptions {
         request_timeout: Duration::from_secs(2),
         ..AcquireOptions::default()

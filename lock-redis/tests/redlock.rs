@@ -12,8 +12,8 @@ use conformance_tests::proxy::{ProxyMode, TcpFaultProxy};
 use conformance_tests::{eventually, within, Failure};
 use futures_util::{FutureExt, StreamExt};
 use lock_core::{
-    default_drift_allowance, AcquireRequest, DynBackend, ErrorKind, FencingToken, LeaseId,
-    LockBackend, LockKey,
+    backend::{AcquireRequest, DynBackend, LockBackend},
+    default_drift_allowance, ErrorKind, FencingToken, LeaseId, LockKey,
 };
 use lock_redis::{RedisConfig, RedlockBackend};
 use support::{entry, lock_key, proxies, raw, redlock_url, start_redis_nodes, REDLOCK_NODES};
@@ -103,8 +103,8 @@ async fn one_node_frozen_mid_acquire() {
             let mut tokens = Vec::new();
             for _ in 0..40 {
                 let request = request(&key, TTL);
-                if let Some(token) = backend.try_acquire(&request).await.unwrap() {
-                    tokens.push(token);
+                if let Some(grant) = backend.try_acquire(&request).await.unwrap() {
+                    tokens.push(grant.token());
                     assert!(backend
                         .renew(request.key(), request.lease_id(), TTL)
                         .await
@@ -158,7 +158,7 @@ async fn tokens_increase_across_differing_majorities() {
         let started = Instant::now();
         let token = loop {
             match backend.try_acquire(&request).await.unwrap() {
-                Some(token) => break token,
+                Some(grant) => break grant.token(),
                 None => assert!(started.elapsed() < Duration::from_secs(3), "never free"),
             }
         };
@@ -273,7 +273,8 @@ async fn partial_grant_then(
     .unwrap();
     proxies[0].set_mode(then);
     proxies[1].set_mode(then);
-    attempt.await.unwrap()
+    let granted = attempt.await.unwrap()?;
+    Ok(granted.map(|grant| grant.token()))
 }
 
 fn discard_sha() -> String {
@@ -355,9 +356,12 @@ async fn a_clean_up_that_lands_late_spares_the_next_attempts_grant() {
     .unwrap();
 
     let rival = connect(&slow_url(&servers, prefix)).await;
-    assert_eq!(
-        rival.try_acquire(&self::request(&key, TTL)).await.unwrap(),
-        None,
+    assert!(
+        rival
+            .try_acquire(&self::request(&key, TTL))
+            .await
+            .unwrap()
+            .is_none(),
         "a rival formed a majority while the lease was held"
     );
     assert!(holds(servers[0], &redis_key, request.lease_id()).await);
@@ -421,7 +425,7 @@ async fn a_failed_attempts_clean_up_wakes_no_one() {
         hold_elsewhere(*server, &redis_key).await;
     }
     let failed = request(&key, TTL);
-    assert_eq!(backend.try_acquire(&failed).await.unwrap(), None);
+    assert!(backend.try_acquire(&failed).await.unwrap().is_none());
     eventually(Duration::from_secs(5), "the clean-up of node 0", || async {
         Ok::<_, Failure>(!holds(servers[0], &redis_key, failed.lease_id()).await)
     })

@@ -66,7 +66,7 @@ async fn renewals_are_batched(url: &str, servers: &[SocketAddr]) {
     }
     for guard in guards {
         let guard = Arc::try_unwrap(guard).ok().unwrap();
-        assert!(guard.release().await.unwrap());
+        guard.release().await.unwrap();
     }
 }
 

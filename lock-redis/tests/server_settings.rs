@@ -8,7 +8,7 @@ mod support;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use lock_core::{default_drift_allowance, AcquireRequest, Error, ErrorKind, LockKey};
+use lock_core::{backend::AcquireRequest, default_drift_allowance, Error, ErrorKind, LockKey};
 use support::{config_set, raw, redis_url, redlock_url, start_redis, start_redis_nodes};
 
 fn request(name: &str) -> AcquireRequest {

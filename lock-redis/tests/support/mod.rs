@@ -8,7 +8,7 @@ use std::sync::Arc;
 use conformance_tests::proxy::TcpFaultProxy;
 use conformance_tests::store_process::{StoreProcess, StoreSpec};
 use conformance_tests::BackendFactory;
-use lock_core::{async_trait, DynBackend};
+use lock_core::{async_trait, backend::DynBackend};
 use lock_redis::{RedisBackend, RedisConfig, RedlockBackend};
 
 /// How many nodes the Redlock tests run.
