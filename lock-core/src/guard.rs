@@ -3,7 +3,6 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::backend::finish_if_dropped;
 use crate::engine::held::{HeldLock, Status};
 use crate::engine::reentry::Reentry;
 use crate::error::Result;
@@ -101,8 +100,7 @@ impl LockGuard {
                 };
             }
         }
-        let held = Arc::clone(&self.held);
-        finish_if_dropped(async move { held.finish().await }).await
+        self.held.finish().await
     }
 }
 

@@ -9,6 +9,7 @@
 //! ([`lock_unpoisoned`]).
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,6 +29,7 @@ pub use feed::ReleaseFeed;
 pub use listener::{supervise_listener, ListenerLink, ListenerTask};
 pub use request::AcquireRequest;
 pub use support::with_timeout;
+use support::within;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::LockKey;
@@ -252,7 +254,6 @@ pub(crate) fn no_queue(backend: &str) -> Error {
 /// Single operations with the contract's bookkeeping applied: TTL checks, send-time
 /// measurement, a request timeout, lost/already-released classification.
 /// Implemented for every backend; the core and the conformance suite use it.
-#[async_trait]
 pub trait LockBackendExt: LockBackend {
     /// One acquisition attempt. A held key is [`ErrorKind::HeldByAnother`].
     ///
@@ -260,27 +261,64 @@ pub trait LockBackendExt: LockBackend {
     /// the store may already have given the key to someone else, so it counts as an
     /// unanswered attempt ([`ErrorKind::Unavailable`]) and a retry with the same lease id
     /// renews it or finds it gone.
+    fn acquire_once(
+        &self,
+        request: &AcquireRequest,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Lease>> + Send;
+
+    /// A queued waiter's attempt ([`LockBackend::try_acquire_queued`]), with the same
+    /// bookkeeping as [`acquire_once`](Self::acquire_once).
+    fn acquire_queued_once(
+        &self,
+        request: &AcquireRequest,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<QueuedAttempt>> + Send;
+
+    /// Renews `lease` for `ttl`. A lease that is not live any more is [`ErrorKind::Lost`].
+    fn renew_lease(
+        &self,
+        lease: &Lease,
+        ttl: Duration,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Lease>> + Send;
+
+    /// Releases `lease`. When the store does not hold it, the outcome depends on the local
+    /// deadline: before it, an earlier attempt released it
+    /// ([`ReleaseOutcome::AlreadyReleased`]); after it, it may have expired
+    /// ([`ErrorKind::Lost`]). Another holder's lock is never touched.
+    fn release_lease(
+        &self,
+        lease: &Lease,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<ReleaseOutcome>> + Send;
+}
+
+// Not boxed (unlike the implementor trait): these run on every lock and release.
+impl<B: LockBackend + ?Sized> LockBackendExt for B {
     async fn acquire_once(&self, request: &AcquireRequest, timeout: Duration) -> Result<Lease> {
         self.capabilities().check_ttl(request.ttl())?;
         let sent_at = Instant::now();
-        match answered(
-            request,
-            with_timeout(timeout, "acquire", self.try_acquire(request)).await,
-        )? {
+        let reply = within(sent_at, timeout, "acquire", self.try_acquire(request)).await;
+        match answered(request, reply)? {
             Some(grant) => request.checked_on_arrival(request.grant(grant, sent_at)),
             None => Err(held_by_another(request.key())),
         }
     }
 
-    /// A queued waiter's attempt ([`LockBackend::try_acquire_queued`]), with the same
-    /// bookkeeping as [`acquire_once`](Self::acquire_once).
     async fn acquire_queued_once(
         &self,
         request: &AcquireRequest,
         timeout: Duration,
     ) -> Result<QueuedAttempt> {
         let sent_at = Instant::now();
-        let turn = with_timeout(timeout, "acquire", self.try_acquire_queued(request)).await;
+        let turn = within(
+            sent_at,
+            timeout,
+            "acquire",
+            self.try_acquire_queued(request),
+        )
+        .await;
         Ok(match answered(request, turn)? {
             Turn::Granted(grant) => {
                 QueuedAttempt::Granted(request.checked_on_arrival(request.grant(grant, sent_at))?)
@@ -290,11 +328,11 @@ pub trait LockBackendExt: LockBackend {
         })
     }
 
-    /// Renews `lease` for `ttl`. A lease that is not live any more is [`ErrorKind::Lost`].
     async fn renew_lease(&self, lease: &Lease, ttl: Duration, timeout: Duration) -> Result<Lease> {
         self.capabilities().check_ttl(ttl)?;
         let sent_at = Instant::now();
-        if with_timeout(timeout, "renew", self.renew(lease.key(), lease.id(), ttl)).await? {
+        let renewed = self.renew(lease.key(), lease.id(), ttl);
+        if within(sent_at, timeout, "renew", renewed).await? {
             Ok(lease.renewed(ttl, sent_at))
         } else {
             Err(Error::lost(format!(
@@ -304,20 +342,15 @@ pub trait LockBackendExt: LockBackend {
         }
     }
 
-    /// Releases `lease`. When the store does not hold it, the outcome depends on the local
-    /// deadline: before it, an earlier attempt released it
-    /// ([`ReleaseOutcome::AlreadyReleased`]); after it, it may have expired
-    /// ([`ErrorKind::Lost`]). Another holder's lock is never touched.
     async fn release_lease(&self, lease: &Lease, timeout: Duration) -> Result<ReleaseOutcome> {
-        if with_timeout(timeout, "release", self.release(lease.key(), lease.id())).await? {
+        let released = self.release(lease.key(), lease.id());
+        if within(Instant::now(), timeout, "release", released).await? {
             Ok(ReleaseOutcome::Released)
         } else {
             not_held_outcome(lease)
         }
     }
 }
-
-impl<B: LockBackend + ?Sized> LockBackendExt for B {}
 
 /// What the store's "this lease is not held" means for `lease`: before the local deadline
 /// the store cannot have expired it, so an earlier attempt of ours released it

@@ -1,7 +1,7 @@
 //! Small mechanisms every backend needs, written once.
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 
@@ -13,6 +13,22 @@ pub async fn with_timeout<T>(
     request: impl Future<Output = Result<T>>,
 ) -> Result<T> {
     match tokio::time::timeout(timeout, request).await {
+        Ok(result) => result,
+        Err(_) => Err(Error::unavailable(format!(
+            "the store did not answer {operation} within {timeout:?}"
+        ))),
+    }
+}
+
+/// [`with_timeout`] for a request sent at `sent_at`, which the caller measured anyway.
+pub(crate) async fn within<T>(
+    sent_at: Instant,
+    timeout: Duration,
+    operation: &str,
+    request: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    let deadline = crate::options::saturating_add(sent_at, timeout);
+    match tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), request).await {
         Ok(result) => result,
         Err(_) => Err(Error::unavailable(format!(
             "the store did not answer {operation} within {timeout:?}"

@@ -90,8 +90,13 @@ async fn acquire_lease(
                     .acquire_once(&request, options.request_timeout)
                     .await
             }
+            // The waiting paths are boxed: their state is large, and the common no-wait
+            // and first-attempt path should not carry (and move) it.
             _ if backend.capabilities().fair_ordering => {
-                crate::engine::queue::acquire_in_queue(backend, &request, &spec).await
+                Box::pin(crate::engine::queue::acquire_in_queue(
+                    backend, &request, &spec,
+                ))
+                .await
             }
             _ => {
                 let subscribing = backend
@@ -110,8 +115,10 @@ async fn acquire_lease(
             }
         };
         let span = tracing::Span::current();
-        span.record("wait_ms", started.elapsed().as_millis() as u64);
-        span.record("outcome", outcome_name(&result));
+        if !span.is_disabled() {
+            span.record("wait_ms", started.elapsed().as_millis() as u64);
+            span.record("outcome", outcome_name(&result));
+        }
         match &result {
             Ok(lease) => {
                 span.record("token", lease.token().get());

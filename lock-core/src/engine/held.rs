@@ -191,14 +191,31 @@ impl HeldLock {
             Status::Released => return Ok(()),
         }
         let lease = self.lease();
+        // A caller that stops waiting does not cancel the release: it is sent again in the
+        // background (release is idempotent).
+        let mut unfinished = Unfinished(Some(self));
         let span = tracing::info_span!("distlock.release", backend = self.backend().name(), key = %self.key, token = %self.token, outcome = tracing::field::Empty);
         let result = release_with_retry(self.backend(), &lease, &self.options)
             .instrument(span.clone())
             .await
             .and_then(|held| if held { Ok(()) } else { Err(self.lost_error()) });
         span.record("outcome", outcome_name(&result));
+        unfinished.0 = None;
         self.spawn_release(None);
+        self.core.renewals.finished(self.id);
         result
+    }
+}
+
+/// A release whose caller stopped waiting for it.
+struct Unfinished<'a>(Option<&'a HeldLock>);
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if let Some(held) = self.0.take() {
+            held.spawn_release(Some(Duration::ZERO));
+            held.core.renewals.finished(held.id);
+        }
     }
 }
 

@@ -62,8 +62,10 @@ pub(crate) async fn acquire_in_queue(
         },
     )
     .await;
-    if result.is_ok() {
-        place.entry = None;
+    match &result {
+        Ok(_) => place.entry = None,
+        // Left before the caller hears of the failure, so the queue it sees is clean.
+        Err(_) => place.leave().await,
     }
     result
 }
@@ -126,25 +128,36 @@ struct QueuePlace {
     timeout: Duration,
 }
 
+impl QueuePlace {
+    async fn leave(&mut self) {
+        let Some((key, lease_id)) = self.entry.take() else {
+            return;
+        };
+        let left = crate::backend::with_timeout(
+            self.timeout,
+            "leave_queue",
+            self.backend.leave_queue(&key, lease_id),
+        )
+        .await;
+        if let Err(err) = left {
+            tracing::debug!(error = %err, %key, "leaving the queue failed; the entry expires with its waiter");
+        }
+    }
+}
+
 impl Drop for QueuePlace {
     fn drop(&mut self) {
-        let Some((key, lease_id)) = self.entry.take() else {
+        let Some(entry) = self.entry.take() else {
             return;
         };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (backend, timeout) = (self.backend.clone(), self.timeout);
-        runtime.spawn(async move {
-            let left = crate::backend::with_timeout(
-                timeout,
-                "leave_queue",
-                backend.leave_queue(&key, lease_id),
-            )
-            .await;
-            if let Err(err) = left {
-                tracing::debug!(error = %err, %key, "leaving the queue failed; the entry expires with its waiter");
-            }
-        });
+        let mut place = QueuePlace {
+            backend: self.backend.clone(),
+            entry: Some(entry),
+            timeout: self.timeout,
+        };
+        runtime.spawn(async move { place.leave().await });
     }
 }

@@ -20,7 +20,9 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use tokio::sync::Notify;
 use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::{sleep_until, Instant as TokioInstant};
 
@@ -33,54 +35,138 @@ use crate::options::Renewal;
 /// Leases renewed by one call at most, so no request grows without bound.
 const MAX_BATCH: usize = 1000;
 
-enum Command {
-    Track(Arc<HeldLock>),
-    SessionChanged(u64),
+/// Leases and events handed to the engine without waking it: it looks at the inbox
+/// whenever it wakes, and is woken only when something needs it sooner than its next
+/// wake-up (or the inbox grows long), so taking and releasing locks costs no task switch.
+#[derive(Debug, Default)]
+struct Inbox {
+    added: Vec<Arc<HeldLock>>,
+    finished: Vec<u64>,
+    sessions: Vec<u64>,
+    /// An engine task is running for this client.
+    running: bool,
+    /// The engine was woken for what is here and will look at it at once.
+    woken: bool,
+}
+
+impl Inbox {
+    fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.finished.is_empty() && self.sessions.is_empty()
+    }
+
+    fn len(&self) -> usize {
+        self.added.len() + self.finished.len() + self.sessions.len()
+    }
+}
+
+/// Inbox entries that wake the engine however late they are due, so the inbox stays small.
+const INBOX_WAKE: usize = 1024;
+
+#[derive(Debug)]
+struct Shared {
+    inbox: Mutex<Inbox>,
+    wake: Notify,
+    /// The engine's next wake-up in nanoseconds after `epoch`; 0 while it is awake and
+    /// will look at the inbox again before it sleeps.
+    next_wake: AtomicU64,
+    epoch: Instant,
+    /// The client is gone: the engine ends once it tracks nothing.
+    closed: AtomicBool,
+}
+
+impl Shared {
+    fn at(&self, instant: Instant) -> u64 {
+        u64::try_from(instant.saturating_duration_since(self.epoch).as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
+    /// Posts to the inbox; wakes the engine if its next wake-up would be too late for
+    /// `due` (once: a woken engine looks at everything posted until it drains the inbox).
+    fn post(&self, due: Option<Instant>, post: impl FnOnce(&mut Inbox)) {
+        let wake = {
+            let mut inbox = lock_unpoisoned(&self.inbox);
+            post(&mut inbox);
+            let too_late =
+                due.is_some_and(|due| self.at(due) < self.next_wake.load(Ordering::SeqCst));
+            let wake = !inbox.woken && (too_late || inbox.len() >= INBOX_WAKE);
+            inbox.woken |= wake;
+            wake
+        };
+        if wake {
+            self.wake.notify_one();
+        }
+    }
 }
 
 /// A client's handle on its renewal engine, started with the first held lease.
 #[derive(Debug)]
 pub(crate) struct Renewals {
     backend: DynBackend,
-    sender: Mutex<Option<mpsc::UnboundedSender<Command>>>,
+    shared: Arc<Shared>,
+}
+
+impl Drop for Renewals {
+    fn drop(&mut self) {
+        self.shared.closed.store(true, Ordering::SeqCst);
+        self.shared.wake.notify_one();
+    }
 }
 
 impl Renewals {
     pub(crate) fn new(backend: DynBackend) -> Self {
         Renewals {
             backend,
-            sender: Mutex::new(None),
+            shared: Arc::new(Shared {
+                inbox: Mutex::default(),
+                wake: Notify::new(),
+                next_wake: AtomicU64::new(0),
+                epoch: Instant::now(),
+                closed: AtomicBool::new(false),
+            }),
         }
     }
 
     /// Hands a new lease to the engine, starting it on this runtime if it is not running
     /// (the first lease, or the runtime it ran on has shut down).
     pub(crate) fn track(&self, held: Arc<HeldLock>) {
-        let mut sender = lock_unpoisoned(&self.sender);
-        let held = match sender
-            .as_ref()
-            .map(|tx| tx.send(Command::Track(held.clone())))
-        {
-            Some(Ok(())) => return,
-            _ => held,
+        let lease = held.lease();
+        let due = renew_at(&held, &lease).unwrap_or(lease.valid_until());
+        let start = {
+            let mut inbox = lock_unpoisoned(&self.shared.inbox);
+            if inbox.running {
+                false
+            } else {
+                inbox.added.push(Arc::clone(&held));
+                inbox.running = true;
+                true
+            }
         };
+        if !start {
+            self.shared.post(Some(due), |inbox| inbox.added.push(held));
+            return;
+        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            let mut inbox = lock_unpoisoned(&self.shared.inbox);
+            inbox.running = false;
+            inbox.added.clear();
             tracing::warn!(key = %held.key, "no tokio runtime: the lease is not renewed and will be lost at its deadline");
             return;
         };
-        let (tx, rx) = mpsc::unbounded_channel();
         let engine = Engine {
             backend: self.backend.clone(),
-            commands: rx,
-            sender: tx.downgrade(),
+            shared: Arc::clone(&self.shared),
             tracked: HashMap::new(),
             schedule: BTreeSet::new(),
             sessions: HashMap::new(),
             renewing: JoinSet::new(),
         };
         runtime.spawn(engine.run());
-        let _ = tx.send(Command::Track(held));
-        *sender = Some(tx);
+    }
+
+    /// The lease was released: the engine forgets it when it next looks.
+    pub(crate) fn finished(&self, id: u64) {
+        self.shared.post(None, |inbox| inbox.finished.push(id));
     }
 }
 
@@ -114,33 +200,62 @@ struct Renewed {
 
 struct Engine {
     backend: DynBackend,
-    commands: mpsc::UnboundedReceiver<Command>,
-    sender: mpsc::WeakUnboundedSender<Command>,
+    shared: Arc<Shared>,
     tracked: HashMap<u64, Tracked>,
     schedule: BTreeSet<(Instant, u64)>,
     sessions: HashMap<u64, TrackedSession>,
     renewing: JoinSet<Renewed>,
 }
 
+/// Lets a later `track` start a new engine when this one ends (the client is gone, or the
+/// runtime it ran on shut down).
+impl Drop for Engine {
+    fn drop(&mut self) {
+        lock_unpoisoned(&self.shared.inbox).running = false;
+    }
+}
+
 impl Engine {
     async fn run(mut self) {
         loop {
+            self.shared.next_wake.store(0, Ordering::SeqCst);
+            let (added, finished, sessions) = {
+                let mut inbox = lock_unpoisoned(&self.shared.inbox);
+                inbox.woken = false;
+                (
+                    std::mem::take(&mut inbox.added),
+                    std::mem::take(&mut inbox.finished),
+                    std::mem::take(&mut inbox.sessions),
+                )
+            };
+            for held in added {
+                self.track(held);
+            }
+            for id in finished {
+                self.forget(id);
+            }
+            for id in sessions {
+                self.session_changed(id);
+            }
+            if self.shared.closed.load(Ordering::SeqCst) && self.tracked.is_empty() {
+                return;
+            }
+            self.due(Instant::now());
             let next = self.schedule.first().map(|(at, _)| *at);
+            let next_wake = next.map_or(u64::MAX, |at| self.shared.at(at));
+            self.shared.next_wake.store(next_wake, Ordering::SeqCst);
+            if !lock_unpoisoned(&self.shared.inbox).is_empty() {
+                continue;
+            }
+            let sleep = sleep_until(TokioInstant::from_std(next.unwrap_or_else(far_future)));
             tokio::select! {
-                command = self.commands.recv() => match command {
-                    Some(Command::Track(held)) => self.track(held),
-                    Some(Command::SessionChanged(id)) => self.session_changed(id),
-                    // Every client handle is gone, and with it every guard.
-                    None => return,
-                },
+                () = self.shared.wake.notified() => {}
                 Some(done) = self.renewing.join_next(), if !self.renewing.is_empty() => {
                     if let Ok(renewed) = done {
                         self.renewed(renewed);
                     }
                 }
-                () = sleep_until(TokioInstant::from_std(next.unwrap_or_else(far_future))), if next.is_some() => {
-                    self.due(Instant::now());
-                }
+                () = sleep, if next.is_some() => {}
             }
         }
     }
@@ -169,15 +284,16 @@ impl Engine {
             tracked.leases.push(lease);
             return;
         }
-        let (id, sender) = (session.id(), self.sender.clone());
+        let (id, shared) = (session.id(), Arc::downgrade(&self.shared));
         let mut changes = session.clone();
         let follower = tokio::spawn(async move {
             loop {
                 let alive = changes.changed().await;
-                let Some(sender) = sender.upgrade() else {
+                let Some(shared) = shared.upgrade() else {
                     return;
                 };
-                if sender.send(Command::SessionChanged(id)).is_err() || !alive {
+                shared.post(Some(Instant::now()), |inbox| inbox.sessions.push(id));
+                if !alive {
                     return;
                 }
             }
@@ -348,7 +464,10 @@ impl Engine {
                 ttl: *ttl,
             })
             .collect();
-        let leases = leases.into_iter().map(|(id, lease, _)| (id, lease)).collect();
+        let leases = leases
+            .into_iter()
+            .map(|(id, lease, _)| (id, lease))
+            .collect();
         let backend = self.backend.clone();
         let timeout = timeout.max(Duration::from_millis(1));
         self.renewing.spawn(async move {
