@@ -4,28 +4,29 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::try_join_all;
+
 use lock_core::{
     async_trait,
-    backend::{AcquireRequest, Grant, HolderInfo, KeyWatch, LockBackend},
+    backend::{AcquireRequest, Grant, HolderInfo, KeyWatch, LeaseRenewal, Liveness, LockBackend},
     Capabilities, Error, ErrorKind, FencingToken, LeaseId, LockKey, Result,
 };
 
-use crate::batch::RenewBatcher;
 use crate::config::RedisConfig;
 use crate::error::unexpected_reply;
 use crate::keys::Layout;
-use crate::node::{Node, NodeOptions, ACQUIRE, INSPECT, RELEASE};
+use crate::node::{Node, NodeOptions, ACQUIRE, INSPECT, RELEASE, RENEW_MANY};
 use crate::notify::Notifier;
 
-/// What both Redis backends promise: notification by pub/sub, millisecond TTLs on the
-/// server's clock, fencing counters as durable as the operator says the server is (and
-/// never durable on a server allowed to evict them).
+/// What both Redis backends promise: notification by pub/sub, batched renewal, millisecond
+/// TTLs on the server's clock, fencing counters as durable as the operator says the server
+/// is (and never durable on a server allowed to evict them). No fair ordering: waiters race.
 pub(crate) fn capabilities(config: &RedisConfig) -> Capabilities {
     Capabilities {
         native_notification: true,
         durable_fencing: config.durable && !config.allow_eviction,
-        fair_ordering: false,
         reentrancy: true,
+        liveness: Liveness::Batched,
         min_ttl: Duration::from_millis(10),
         max_ttl: Duration::from_secs(30 * 24 * 60 * 60),
         ttl_granularity: Duration::from_millis(1),
@@ -45,6 +46,40 @@ pub(crate) fn node_options(config: &RedisConfig) -> NodeOptions {
 /// A TTL as the whole milliseconds the scripts pass to `PX`/`PEXPIRE`, rounded up.
 pub(crate) fn ttl_millis(capabilities: &Capabilities, ttl: Duration) -> u64 {
     u64::try_from(capabilities.store_ttl(ttl).as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Most leases one `renew_many.lua` call renews, so one script never holds the server up
+/// for long; a larger batch goes as several calls, pipelined on the node's connection.
+const RENEWALS_PER_SCRIPT: usize = 1000;
+
+/// Renews `leases` on `node` with as few `renew_many.lua` calls as [`RENEWALS_PER_SCRIPT`]
+/// allows, answering for each lease in order whether the node still held it.
+pub(crate) async fn renew_entries(
+    node: &Node,
+    layout: &Layout,
+    capabilities: &Capabilities,
+    leases: &[LeaseRenewal],
+) -> Result<Vec<bool>> {
+    let calls = leases.chunks(RENEWALS_PER_SCRIPT).map(|chunk| async move {
+        let mut invocation = RENEW_MANY.prepare_invoke();
+        for lease in chunk {
+            invocation
+                .key(layout.lock_key(&lease.key))
+                .arg(lease.lease_id.to_string())
+                .arg(ttl_millis(capabilities, lease.ttl));
+        }
+        let renewed: Vec<i64> = node.invoke(&invocation, "renew").await?;
+        if renewed.len() != chunk.len() {
+            return Err(unexpected_reply("renew", node.shown()));
+        }
+        Ok(renewed)
+    });
+    let replies = try_join_all(calls).await?;
+    Ok(replies
+        .into_iter()
+        .flatten()
+        .map(|renewed| renewed == 1)
+        .collect())
 }
 
 /// A lock entry as the scripts store it: `<lease id>:<token>:<stamp>` (the stamp is 0 on a
@@ -91,9 +126,7 @@ pub struct RedisBackend {
 }
 
 struct Inner {
-    node: Arc<Node>,
-    renewals: Arc<RenewBatcher>,
-    response_timeout: Duration,
+    node: Node,
     layout: Layout,
     notifier: Notifier,
     capabilities: Capabilities,
@@ -134,9 +167,7 @@ impl RedisBackend {
         connected?;
         Ok(RedisBackend {
             inner: Arc::new(Inner {
-                node: Arc::new(node),
-                renewals: Arc::default(),
-                response_timeout: config.response_timeout,
+                node,
                 layout,
                 notifier,
                 capabilities: capabilities(config),
@@ -195,17 +226,23 @@ impl LockBackend for RedisBackend {
     }
 
     async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
+        let lease = LeaseRenewal {
+            key: key.clone(),
+            lease_id,
+            ttl,
+        };
+        let mut renewed = self.renew_many(std::slice::from_ref(&lease)).await;
+        renewed
+            .pop()
+            .unwrap_or_else(|| Err(unexpected_reply("renew", self.inner.node.shown())))
+    }
+
+    async fn renew_many(&self, leases: &[LeaseRenewal]) -> Vec<Result<bool>> {
         let inner = &self.inner;
-        inner
-            .renewals
-            .renew(
-                &inner.node,
-                inner.layout.lock_key(key),
-                lease_id.to_string(),
-                ttl_millis(&inner.capabilities, ttl),
-                inner.response_timeout,
-            )
-            .await
+        match renew_entries(&inner.node, &inner.layout, &inner.capabilities, leases).await {
+            Ok(renewed) => renewed.into_iter().map(Ok).collect(),
+            Err(err) => vec![Err(err); leases.len()],
+        }
     }
 
     async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {

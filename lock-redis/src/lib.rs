@@ -19,7 +19,6 @@
 //! ```
 
 mod backend;
-mod batch;
 mod config;
 mod error;
 mod keys;

@@ -11,12 +11,11 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use lock_core::{
     async_trait,
-    backend::{AcquireRequest, Grant, HolderInfo, KeyWatch, LockBackend},
+    backend::{AcquireRequest, Grant, HolderInfo, KeyWatch, LeaseRenewal, LockBackend},
     Capabilities, Error, ErrorKind, FencingToken, LeaseId, LockKey, Result,
 };
 
-use crate::backend::{capabilities, node_options, parse_inspect, ttl_millis};
-use crate::batch::RenewBatcher;
+use crate::backend::{capabilities, node_options, parse_inspect, renew_entries, ttl_millis};
 use crate::config::RedisConfig;
 use crate::error::unexpected_reply;
 use crate::keys::Layout;
@@ -38,9 +37,6 @@ pub struct RedlockBackend {
 
 struct Inner {
     nodes: Vec<Arc<Node>>,
-    /// One renewal queue per node, so renewing many held locks costs a round trip per
-    /// node, not per lock.
-    renewals: Vec<Arc<RenewBatcher>>,
     layout: Layout,
     notifier: Notifier,
     node_timeout: Duration,
@@ -93,7 +89,6 @@ impl RedlockBackend {
             .into_iter()
             .map(|target| Node::new(target, options).map(Arc::new))
             .collect::<Result<Vec<Arc<Node>>>>()?;
-        let renewals = nodes.iter().map(|_| Arc::default()).collect();
         let layout = Layout::new(&config.key_prefix);
         let clients = nodes.iter().map(|n| n.client().clone()).collect();
         // Every node that held the lease publishes its release, within about a reply time
@@ -108,7 +103,6 @@ impl RedlockBackend {
         let backend = RedlockBackend {
             inner: Arc::new(Inner {
                 nodes,
-                renewals,
                 layout,
                 notifier,
                 node_timeout: config.node_timeout,
@@ -397,36 +391,48 @@ impl LockBackend for RedlockBackend {
     }
 
     async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
+        let lease = LeaseRenewal {
+            key: key.clone(),
+            lease_id,
+            ttl,
+        };
+        let mut renewed = self.renew_many(std::slice::from_ref(&lease)).await;
+        renewed.pop().unwrap_or_else(|| {
+            Err(Error::new(
+                ErrorKind::Internal,
+                "renew: no answer for the lease",
+            ))
+        })
+    }
+
+    /// One batch per node for all the leases, then a majority per lease. The validity of a
+    /// renewal is judged by the core from when the batch was sent (send time + TTL −
+    /// drift), as for acquisition, so a majority that answers late renews nothing usable.
+    async fn renew_many(&self, leases: &[LeaseRenewal]) -> Vec<Result<bool>> {
         let inner = &self.inner;
-        let (lock_key, lease) = (inner.layout.lock_key(key), lease_id.to_string());
-        let ttl = ttl_millis(&inner.capabilities, ttl);
         let replies = self
-            .on_all(|index, _| {
-                let (lock_key, lease) = (lock_key.clone(), lease.clone());
-                let (batcher, node) = (&inner.renewals[index], &inner.nodes[index]);
-                async move {
-                    batcher
-                        .renew(node, lock_key, lease, ttl, inner.node_timeout)
-                        .await
+            .on_all(|_, node| renew_entries(node, &inner.layout, &inner.capabilities, leases))
+            .await;
+        (0..leases.len())
+            .map(|index| {
+                let (mut renewed, mut refused, mut errors) = (0, 0, Vec::new());
+                for reply in &replies {
+                    match reply {
+                        Ok(answers) if answers.get(index) == Some(&true) => renewed += 1,
+                        Ok(_) => refused += 1,
+                        Err(err) => errors.push(err.clone()),
+                    }
+                }
+                if renewed >= self.quorum() {
+                    Ok(true)
+                } else if renewed + errors.len() < self.quorum() {
+                    // Even if every silent node had renewed, there would be no majority.
+                    Ok(false)
+                } else {
+                    Err(self.no_quorum("renew", renewed + refused, errors))
                 }
             })
-            .await;
-        let (mut renewed, mut refused, mut errors) = (0, 0, Vec::new());
-        for reply in replies {
-            match reply {
-                Ok(true) => renewed += 1,
-                Ok(false) => refused += 1,
-                Err(err) => errors.push(err),
-            }
-        }
-        if renewed >= self.quorum() {
-            Ok(true)
-        } else if renewed + errors.len() < self.quorum() {
-            // Even if every silent node had renewed, there would be no majority.
-            Ok(false)
-        } else {
-            Err(self.no_quorum("renew", renewed + refused, errors))
-        }
+            .collect()
     }
 
     async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
