@@ -151,13 +151,13 @@ impl RedisBackend {
         let options = node_options(config);
         let node = Node::new(target, options)?;
         let subscriber = match config.subscriber_target()? {
-            Some(target) => Node::new(target, options)?.client().clone(),
-            None => node.client().clone(),
+            Some(target) => Some(Node::new(target, options)?),
+            None => None,
         };
         let layout = Layout::new(&config.key_prefix);
         // One server publishes each release once: every message is news.
         let notifier = Notifier::start(
-            vec![subscriber],
+            &[subscriber.as_ref().unwrap_or(&node)],
             layout.channel(),
             config.connect_timeout,
             1,

@@ -1,9 +1,10 @@
 //! One Redis server: a multiplexed connection (re)made in the background, and the lock
 //! scripts.
 
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
+use lock_core::backend::{lock_unpoisoned as lock, with_timeout};
 use lock_core::{Error, ErrorKind, Result};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, FromRedisValue, Script, ScriptInvocation};
@@ -71,10 +72,6 @@ enum Link {
     /// A connect task runs; it publishes its outcome here.
     Connecting(watch::Receiver<Outcome>),
     Up(Connected),
-}
-
-fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
-    state.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Node {
@@ -219,16 +216,8 @@ async fn connect(
         check_eviction(&mut connection, &shown, options.allow_eviction).await?;
         Ok(connection)
     };
-    let result = match tokio::time::timeout(options.connect_timeout, attempt).await {
-        Ok(result) => result,
-        Err(_) => Err(Error::new(
-            ErrorKind::Unavailable,
-            format!(
-                "redis {shown}: no connection within {:?}",
-                options.connect_timeout
-            ),
-        )),
-    };
+    let what = format!("connect to redis {shown}");
+    let result = with_timeout(options.connect_timeout, &what, attempt).await;
     let outcome = {
         let mut state = lock(&state);
         match result {

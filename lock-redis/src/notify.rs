@@ -1,24 +1,31 @@
 //! Release notifications: one shared pub/sub subscription per node and client, fanned out
-//! to the waiters of that client through a [`ReleaseFeed`].
+//! to the waiters of that client through a [`ReleaseFeed`]. The core's
+//! [`supervise_listener`] keeps each subscription up (reconnecting with backoff, waking
+//! every waiter when releases may have gone unheard); what is Redis's own is here: how to
+//! subscribe, and counting a Redlock release's announcements ([`Tally`]).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use lock_core::backend::{KeyWatch, ReleaseFeed};
+use lock_core::backend::{
+    lock_unpoisoned, supervise_listener, with_timeout, KeyWatch, ListenerLink, ListenerTask,
+    ReleaseFeed,
+};
+use lock_core::Result;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
-/// Pause before resubscribing after a failure, doubled up to [`MAX_PAUSE`].
-const FIRST_PAUSE: Duration = Duration::from_millis(50);
-const MAX_PAUSE: Duration = Duration::from_secs(1);
+use crate::error::from_redis;
+use crate::node::Node;
+
 /// Most releases remembered for coalescing; beyond it the oldest are forgotten (which
 /// costs at most a spurious wake-up).
 const REMEMBERED: usize = 4096;
 
 /// The release subscriptions of one backend client, one per node, kept up in background
-/// tasks from connect on.
+/// tasks from connect on (and stopped when it is dropped).
 ///
 /// They start with the client rather than with its first waiter, so that a waiter's
 /// [`watch`](Notifier::watch) never waits for a subscription (which may take a connect
@@ -27,57 +34,73 @@ pub(crate) struct Notifier {
     releases: ReleaseFeed,
     /// How many subscriptions have had their first attempt, successful or not.
     settled: watch::Receiver<usize>,
-    tasks: Vec<JoinHandle<()>>,
+    listeners: Vec<ListenerTask>,
 }
 
-impl Drop for Notifier {
-    fn drop(&mut self) {
-        for task in &self.tasks {
-            task.abort();
-        }
-    }
+/// What every subscription of one client shares.
+struct Subscription {
+    channel: String,
+    connect_timeout: Duration,
+    seen: Mutex<Tally>,
+    settle: watch::Sender<usize>,
+    /// The missing permission to subscribe has been reported (once per client is enough).
+    warned: AtomicBool,
 }
 
 impl Notifier {
-    /// Starts subscribing to `channel` on every client. A release wakes a waiter once
+    /// Starts subscribing to `channel` on every node. A release wakes a waiter once
     /// `quorum` nodes have announced it, counting messages that arrive within `window` of
     /// the release's first.
     pub(crate) fn start(
-        clients: Vec<redis::Client>,
+        nodes: &[&Node],
         channel: String,
         connect_timeout: Duration,
         quorum: usize,
         window: Duration,
     ) -> Self {
         let releases = ReleaseFeed::new();
-        let seen = Arc::new(Mutex::new(Tally::new(quorum, window)));
         let (settle, settled) = watch::channel(0);
-        let settle = Arc::new(settle);
-        let tasks = clients
-            .into_iter()
-            .map(|client| {
-                tokio::spawn(subscribe_forever(
-                    client,
-                    channel.clone(),
-                    connect_timeout,
+        let shared = Arc::new(Subscription {
+            channel,
+            connect_timeout,
+            seen: Mutex::new(Tally::new(quorum, window)),
+            settle,
+            warned: AtomicBool::new(false),
+        });
+        let listeners = nodes
+            .iter()
+            .map(|node| {
+                let (client, shown) = (node.client().clone(), Arc::<str>::from(node.shown()));
+                let shared = Arc::clone(&shared);
+                let mut first = true;
+                supervise_listener(
+                    "redis release subscription",
                     releases.clone(),
-                    Arc::clone(&seen),
-                    Arc::clone(&settle),
-                ))
+                    move |link| {
+                        let first = std::mem::take(&mut first);
+                        listen(
+                            client.clone(),
+                            Arc::clone(&shown),
+                            Arc::clone(&shared),
+                            first,
+                            link,
+                        )
+                    },
+                )
             })
             .collect();
         Notifier {
             releases,
             settled,
-            tasks,
+            listeners,
         }
     }
 
     /// Returns once every subscription has made its first attempt (each bounded by the
     /// connect time-out), so that waiters of a freshly connected client hear releases.
     pub(crate) async fn settled(&self) {
-        let total = self.tasks.len();
-        // A closed channel means the tasks are gone; nothing to wait for then.
+        let total = self.listeners.len();
+        // A closed channel means the listeners are gone; nothing to wait for then.
         let _ = self.settled.clone().wait_for(|n| *n >= total).await;
     }
 
@@ -85,6 +108,50 @@ impl Notifier {
     pub(crate) fn watch(&self, redis_key: String) -> Box<dyn KeyWatch> {
         self.releases.watch(redis_key)
     }
+}
+
+/// One run of a node's subscription: subscribe (bounded by the connect time-out), then
+/// deliver releases until the connection ends.
+async fn listen(
+    client: redis::Client,
+    shown: Arc<str>,
+    shared: Arc<Subscription>,
+    first: bool,
+    link: ListenerLink,
+) -> Result<()> {
+    let subscribed = with_timeout(shared.connect_timeout, "subscribe", async {
+        let attempt = async {
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(&shared.channel).await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        };
+        attempt.await.map_err(|err| {
+            if err.code() == Some("NOPERM") && !shared.warned.swap(true, Ordering::SeqCst) {
+                tracing::warn!(
+                    channel = shared.channel,
+                    "the Redis user may not subscribe to the release channel, so waiters poll; \
+                     grant it with ACL SETUSER <user> &<channel>"
+                );
+            }
+            from_redis(err, "subscribe", &shown)
+        })
+    })
+    .await;
+    let messages = subscribed.map(|pubsub| {
+        link.subscribed();
+        pubsub.into_on_message()
+    });
+    if first {
+        shared.settle.send_modify(|n| *n += 1);
+    }
+    let mut messages = messages?;
+    while let Some(message) = messages.next().await {
+        let text = String::from_utf8_lossy(message.get_payload_bytes());
+        if lock_unpoisoned(&shared.seen).is_news(&text) {
+            link.feed().released(released_key(&text));
+        }
+    }
+    Ok(())
 }
 
 /// Counts the messages of recent releases, so that a release wakes one waiter once the
@@ -139,63 +206,6 @@ impl Tally {
 /// prefix cannot contain a control character, so the split is unambiguous).
 fn released_key(message: &str) -> &str {
     message.split_once('\n').map_or(message, |(key, _)| key)
-}
-
-async fn subscribe_forever(
-    client: redis::Client,
-    channel: String,
-    connect_timeout: Duration,
-    releases: ReleaseFeed,
-    seen: Arc<Mutex<Tally>>,
-    settle: Arc<watch::Sender<usize>>,
-) {
-    let mut pause = FIRST_PAUSE;
-    let mut first = true;
-    let mut warned = false;
-    loop {
-        let subscribed = tokio::time::timeout(connect_timeout, async {
-            let mut pubsub = client.get_async_pubsub().await?;
-            pubsub.subscribe(&channel).await?;
-            Ok::<_, redis::RedisError>(pubsub)
-        })
-        .await;
-        if std::mem::take(&mut first) {
-            settle.send_modify(|n| *n += 1);
-        }
-        match subscribed {
-            Ok(Ok(pubsub)) => {
-                pause = FIRST_PAUSE;
-                // Releases published while this subscription was down went unheard. (One
-                // wake-up, here, not also when it went down: a wake-up that finds the key
-                // still held makes the core back off before the next one.)
-                releases.wake_all();
-                let mut messages = pubsub.into_on_message();
-                while let Some(message) = messages.next().await {
-                    let text = String::from_utf8_lossy(message.get_payload_bytes());
-                    let news = seen
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .is_news(&text);
-                    if news {
-                        releases.released(released_key(&text));
-                    }
-                }
-                tracing::debug!("release subscription ended; resubscribing");
-            }
-            Ok(Err(err)) if err.code() == Some("NOPERM") && !warned => {
-                warned = true;
-                tracing::warn!(
-                    channel,
-                    "the Redis user may not subscribe to the release channel, so waiters poll; \
-                     grant it with ACL SETUSER <user> &<channel>"
-                );
-            }
-            Ok(Err(err)) => tracing::debug!(error = %err, "release subscription failed"),
-            Err(_) => tracing::debug!("release subscription timed out"),
-        }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(MAX_PAUSE);
-    }
 }
 
 #[cfg(test)]

@@ -9,10 +9,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
+use lock_core::backend::{
+    finish_if_dropped, with_timeout, AcquireRequest, Grant, HolderInfo, KeyWatch, LeaseRenewal,
+    LockBackend,
+};
 use lock_core::{
-    async_trait,
-    backend::{AcquireRequest, Grant, HolderInfo, KeyWatch, LeaseRenewal, LockBackend},
-    Capabilities, Error, ErrorKind, FencingToken, LeaseId, LockKey, Result,
+    async_trait, Backoff, Capabilities, Error, ErrorKind, FencingToken, LeaseId, LockKey, Result,
 };
 
 use crate::backend::{capabilities, node_options, parse_inspect, renew_entries, ttl_millis};
@@ -56,8 +58,10 @@ struct Reserved {
 static ATTEMPTS: AtomicU64 = AtomicU64::new(0);
 
 /// Pauses between tries of a clean-up on a node that did not answer.
-const CLEAN_UP_FIRST_PAUSE: Duration = Duration::from_millis(50);
-const CLEAN_UP_MAX_PAUSE: Duration = Duration::from_secs(1);
+const CLEAN_UP_BACKOFF: Backoff = Backoff {
+    initial: Duration::from_millis(50),
+    max: Duration::from_secs(1),
+};
 /// How long a clean-up keeps trying a silent node: long enough to outlast a brief partition
 /// or a failover, short enough that a dead node does not keep tasks (and the client they
 /// hold) alive for a long TTL.
@@ -90,11 +94,11 @@ impl RedlockBackend {
             .map(|target| Node::new(target, options).map(Arc::new))
             .collect::<Result<Vec<Arc<Node>>>>()?;
         let layout = Layout::new(&config.key_prefix);
-        let clients = nodes.iter().map(|n| n.client().clone()).collect();
+        let subscribers: Vec<&Node> = nodes.iter().map(|node| &**node).collect();
         // Every node that held the lease publishes its release, within about a reply time
         // of each other.
         let notifier = Notifier::start(
-            clients,
+            &subscribers,
             layout.channel(),
             config.connect_timeout,
             majority(config.node_count()),
@@ -146,7 +150,7 @@ impl RedlockBackend {
     pub async fn stored_keys(&self, key_prefix: &str) -> Result<Vec<String>> {
         let layout = &self.inner.layout;
         let pattern = layout.scan_pattern(key_prefix);
-        let found = self.on_all(|_, node| node.scan(&pattern)).await;
+        let found = self.on_all("scan", |_, node| node.scan(&pattern)).await;
         let mut keys: Vec<String> = found
             .into_iter()
             .flatten()
@@ -158,8 +162,9 @@ impl RedlockBackend {
         Ok(keys)
     }
 
-    /// Runs `operation` on every node concurrently, each bounded by the node time-out.
-    async fn on_all<'a, T, F, Fut>(&'a self, operation: F) -> Vec<Result<T>>
+    /// Runs `operation` (`what`, for messages) on every node concurrently, each bounded by
+    /// the node time-out.
+    async fn on_all<'a, T, F, Fut>(&'a self, what: &str, operation: F) -> Vec<Result<T>>
     where
         F: Fn(usize, &'a Node) -> Fut,
         Fut: Future<Output = Result<T>> + 'a,
@@ -167,22 +172,16 @@ impl RedlockBackend {
         let timeout = self.inner.node_timeout;
         join_all(self.inner.nodes.iter().enumerate().map(|(index, node)| {
             let pending = operation(index, node);
-            async move {
-                match tokio::time::timeout(timeout, pending).await {
-                    Ok(result) => result,
-                    Err(_) => Err(Error::new(
-                        ErrorKind::Unavailable,
-                        format!("redis {}: no answer within {timeout:?}", node.shown()),
-                    )),
-                }
-            }
+            let what = format!("{what} on redis {}", node.shown());
+            async move { with_timeout(timeout, &what, pending).await }
         }))
         .await
     }
 
     /// Removes what the failed attempt `stamp` of `lease_id` took, from every node.
     ///
-    /// The clean-up runs in a task of its own and retries a node that does not answer
+    /// The clean-up finishes in the background if it outlasts the wait for it
+    /// ([`finish_if_dropped`]), and retries a node that does not answer
     /// until the entry would have expired anyway (`ttl`, at most [`CLEAN_UP_PERSISTENCE`]),
     /// so neither a caller that stops waiting (after the node time-out, or by dropping the
     /// attempt) nor a brief partition leaves pending entries on a minority for a whole
@@ -193,18 +192,17 @@ impl RedlockBackend {
         let inner = Arc::clone(&self.inner);
         let (lock_key, lease) = (inner.layout.lock_key(key), lease_id.to_string());
         let until = Instant::now() + ttl.min(CLEAN_UP_PERSISTENCE);
-        let clean_up = tokio::spawn(async move {
+        let clean_up = finish_if_dropped(async move {
             join_all(inner.nodes.iter().map(|node| {
                 let (lock_key, lease) = (&lock_key, &lease);
                 async move {
-                    let mut pause = CLEAN_UP_FIRST_PAUSE;
-                    loop {
+                    for attempt in 0.. {
                         let mut discard = DISCARD.prepare_invoke();
                         discard.key(lock_key).arg(lease).arg(stamp);
+                        let pause = CLEAN_UP_BACKOFF.pause(attempt);
                         match node.invoke::<i64>(&discard, "clean up").await {
                             Err(err) if err.is_retryable() && Instant::now() + pause < until => {
                                 tokio::time::sleep(pause).await;
-                                pause = (pause * 2).min(CLEAN_UP_MAX_PAUSE);
                             }
                             _ => return,
                         }
@@ -222,7 +220,7 @@ impl RedlockBackend {
         let layout = &self.inner.layout;
         let (lock_key, channel, lease) =
             (layout.lock_key(key), layout.channel(), lease_id.to_string());
-        self.on_all(|_, node| {
+        self.on_all("release", |_, node| {
             let (lock_key, channel, lease) = (&lock_key, &channel, &lease);
             async move {
                 node.invoke(RELEASE.key(lock_key).arg(lease).arg(channel), "release")
@@ -282,7 +280,7 @@ impl LockBackend for RedlockBackend {
         // Round 1: take the key (token pending) on every node that has it free, and read
         // every node's counter.
         let replies = self
-            .on_all(|_, node| {
+            .on_all("reserve", |_, node| {
                 let (lock_key, fence_key, lease) = (&lock_key, &fence_key, &lease);
                 async move {
                     node.invoke::<(i64, u64, u64)>(
@@ -346,7 +344,7 @@ impl LockBackend for RedlockBackend {
         // Round 2: record the token in each entry and raise each counter to it.
         let reserved: HashSet<usize> = granted.iter().map(|r| r.node).collect();
         let confirmed = self
-            .on_all(|index, node| {
+            .on_all("confirm", |index, node| {
                 let reserved = reserved.contains(&index);
                 let (lock_key, fence_key, lease) = (&lock_key, &fence_key, &lease);
                 async move {
@@ -411,7 +409,9 @@ impl LockBackend for RedlockBackend {
     async fn renew_many(&self, leases: &[LeaseRenewal]) -> Vec<Result<bool>> {
         let inner = &self.inner;
         let replies = self
-            .on_all(|_, node| renew_entries(node, &inner.layout, &inner.capabilities, leases))
+            .on_all("renew", |_, node| {
+                renew_entries(node, &inner.layout, &inner.capabilities, leases)
+            })
             .await;
         (0..leases.len())
             .map(|index| {
@@ -459,7 +459,7 @@ impl LockBackend for RedlockBackend {
         let inner = &self.inner;
         let lock_key = inner.layout.lock_key(key);
         let replies = self
-            .on_all(|_, node| {
+            .on_all("inspect", |_, node| {
                 let lock_key = &lock_key;
                 async move {
                     let reply: (String, i64) =
