@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::engine::held::{HeldLock, Status};
+use crate::engine::held::HeldLock;
 use crate::engine::reentry::Reentry;
 use crate::error::Result;
 use crate::key::LockKey;
@@ -60,17 +60,8 @@ impl LockGuard {
     /// allowance before the store's expiry). It never resolves for a lease that was
     /// released.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        let mut changes = self.held.subscribe();
-        async move {
-            loop {
-                if changes.borrow_and_update().status == Status::Lost {
-                    return;
-                }
-                if changes.changed().await.is_err() {
-                    std::future::pending::<()>().await;
-                }
-            }
-        }
+        let held = Arc::clone(&self.held);
+        async move { held.wait_lost().await }
     }
 
     /// Renews the lease now, for [`Renewal::Manual`](crate::Renewal) (allowed with

@@ -27,6 +27,12 @@ pub(crate) async fn within<T>(
     operation: &str,
     request: impl Future<Output = Result<T>>,
 ) -> Result<T> {
+    let mut request = std::pin::pin!(request);
+    // An answer ready at once (an in-process store) needs no timer.
+    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(request.as_mut().poll(cx))).await;
+    if let std::task::Poll::Ready(result) = first {
+        return result;
+    }
     let deadline = crate::options::saturating_add(sent_at, timeout);
     match tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), request).await {
         Ok(result) => result,

@@ -5,10 +5,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use std::sync::Mutex;
+
+use tokio::sync::Notify;
 use tracing::Instrument;
 
-use crate::backend::{DynBackend, LockBackendExt, ReleaseOutcome};
+use crate::backend::{lock_unpoisoned, DynBackend, LockBackendExt, ReleaseOutcome};
 use crate::engine::{outcome_name, ClientCore};
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::LockKey;
@@ -37,7 +39,9 @@ pub(crate) struct HeldLock {
     pub(crate) key: LockKey,
     pub(crate) token: FencingToken,
     pub(crate) options: AcquireOptions,
-    state: watch::Sender<LeaseState>,
+    state: Mutex<LeaseState>,
+    /// Signalled when the lease is lost (the only change anyone waits for).
+    lost: Notify,
     /// Release the lease id once more this long after the hold ends: an attempt of the
     /// acquisition went unanswered and may still land in the store.
     release_again: Option<Duration>,
@@ -59,10 +63,11 @@ impl HeldLock {
             key: lease.key().clone(),
             token: lease.token(),
             options,
-            state: watch::Sender::new(LeaseState {
+            state: Mutex::new(LeaseState {
                 lease,
                 status: Status::Held,
             }),
+            lost: Notify::new(),
             release_again,
         });
         core.renewals.track(Arc::clone(&held));
@@ -74,46 +79,56 @@ impl HeldLock {
     }
 
     pub(crate) fn is_held(&self) -> bool {
-        let state = self.state.borrow();
+        let state = lock_unpoisoned(&self.state);
         state.status == Status::Held && state.lease.is_valid()
     }
 
     pub(crate) fn snapshot(&self) -> LeaseState {
-        self.state.borrow().clone()
+        lock_unpoisoned(&self.state).clone()
     }
 
     pub(crate) fn lease(&self) -> Lease {
-        self.state.borrow().lease.clone()
+        lock_unpoisoned(&self.state).lease.clone()
     }
 
-    pub(crate) fn subscribe(&self) -> watch::Receiver<LeaseState> {
-        self.state.subscribe()
+    /// Resolves once the lease is lost; never for a lease that is released instead.
+    pub(crate) async fn wait_lost(&self) {
+        loop {
+            let notified = self.lost.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Registered before the look, so a loss between the two is not missed.
+            notified.as_mut().enable();
+            if lock_unpoisoned(&self.state).status == Status::Lost {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// Records a renewal unless the lease ended meanwhile, or a later one was recorded.
     pub(crate) fn renewed(&self, lease: Lease) {
-        self.state.send_if_modified(|state| {
-            let newer = state.status == Status::Held
-                && state.lease.id() == lease.id()
-                && lease.sent_at() > state.lease.sent_at();
-            if newer {
-                state.lease = lease;
-            }
-            newer
-        });
+        let mut state = lock_unpoisoned(&self.state);
+        if state.status == Status::Held
+            && state.lease.id() == lease.id()
+            && lease.sent_at() > state.lease.sent_at()
+        {
+            state.lease = lease;
+        }
     }
 
     /// Marks the lease lost and, in case the store still has it (a renewal that landed
     /// after we gave up on it), releases it in the background so it blocks nobody.
     pub(crate) fn mark_lost(&self, why: &str) {
-        let changed = self.state.send_if_modified(|state| {
+        let changed = {
+            let mut state = lock_unpoisoned(&self.state);
             let was_held = state.status == Status::Held;
             if was_held {
                 state.status = Status::Lost;
             }
             was_held
-        });
+        };
         if changed {
+            self.lost.notify_waiters();
             tracing::warn!(backend = self.backend().name(), key = %self.key, token = %self.token, why, "lock lost");
             self.spawn_release(Some(Duration::ZERO));
         }
@@ -179,12 +194,8 @@ impl HeldLock {
     /// [`ErrorKind::Lost`] when it had been lost (expired, or the store no longer had it):
     /// whatever the holder did after that was not protected by the lock.
     pub(crate) async fn finish(&self) -> Result<()> {
-        let mut previous = Status::Released;
-        self.state.send_if_modified(|state| {
-            previous = state.status;
-            state.status = Status::Released;
-            previous != Status::Released
-        });
+        let previous =
+            std::mem::replace(&mut lock_unpoisoned(&self.state).status, Status::Released);
         match previous {
             Status::Held => {}
             Status::Lost => return Err(self.lost_error()),
