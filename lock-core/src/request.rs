@@ -134,3 +134,39 @@ impl IntoFuture for LockRequest {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::future::IntoFuture;
+    use std::time::Duration;
+
+    use crate::{AcquireOptions, LockClient, MemoryBackend, Renewal, Wait};
+
+    /// Replacing the base options keeps the single options set before or after it.
+    #[test]
+    fn whole_options_do_not_erase_single_ones() {
+        let client = LockClient::new(MemoryBackend::new());
+        let base = AcquireOptions {
+            ttl: Duration::from_secs(99),
+            wait: Wait::Forever,
+            ..AcquireOptions::default()
+        };
+        let options = client
+            .lock("k")
+            .ttl(Duration::from_secs(5))
+            .options(base)
+            .renewal(Renewal::Manual)
+            .effective_options();
+        assert_eq!(options.ttl, Duration::from_secs(5));
+        assert_eq!(options.renewal, Renewal::Manual);
+        assert_eq!(options.wait, Wait::Forever);
+    }
+
+    /// A request borrows nothing: it can outlive the client handle and run in a task.
+    #[tokio::test]
+    async fn a_request_can_be_spawned() {
+        let request = LockClient::new(MemoryBackend::new()).lock("k").no_wait();
+        let guard = tokio::spawn(request.into_future()).await.unwrap().unwrap();
+        guard.release().await.unwrap();
+    }
+}
