@@ -1,117 +1,24 @@
 //! The single-node backend: each operation is one script on one server.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use futures_util::future::try_join_all;
-
+use lock_core::backend::{AcquireRequest, Grant, HolderInfo, KeyWatch, LeaseRenewal, LockBackend};
 use lock_core::{
-    async_trait,
-    backend::{AcquireRequest, Grant, HolderInfo, KeyWatch, LeaseRenewal, Liveness, LockBackend},
-    Capabilities, Error, ErrorKind, FencingToken, LeaseId, LockKey, Result,
+    async_trait, Capabilities, Error, ErrorKind, FencingToken, LeaseId, LockKey, Result,
 };
+use redis::Script;
 
 use crate::config::RedisConfig;
+use crate::entry::{read_holder, release_if_owner, renew_if_owner, ttl_millis};
 use crate::error::unexpected_reply;
 use crate::keys::Layout;
-use crate::node::{Node, NodeOptions, ACQUIRE, INSPECT, RELEASE, RENEW_MANY};
+use crate::node::{Node, NodeOptions};
 use crate::notify::Notifier;
 
-/// What both Redis backends promise: notification by pub/sub, batched renewal, millisecond
-/// TTLs on the server's clock, fencing counters as durable as the operator says the server
-/// is (and never durable on a server allowed to evict them). No fair ordering: waiters race.
-pub(crate) fn capabilities(config: &RedisConfig) -> Capabilities {
-    Capabilities {
-        native_notification: true,
-        durable_fencing: config.durable && !config.allow_eviction,
-        reentrancy: true,
-        liveness: Liveness::Batched,
-        min_ttl: Duration::from_millis(10),
-        max_ttl: Duration::from_secs(30 * 24 * 60 * 60),
-        ttl_granularity: Duration::from_millis(1),
-        ..Capabilities::default()
-    }
-}
-
-/// How every node of `config` connects.
-pub(crate) fn node_options(config: &RedisConfig) -> NodeOptions {
-    NodeOptions {
-        connect_timeout: config.connect_timeout,
-        response_timeout: config.response_timeout,
-        allow_eviction: config.allow_eviction,
-    }
-}
-
-/// A TTL as the whole milliseconds the scripts pass to `PX`/`PEXPIRE`, rounded up.
-pub(crate) fn ttl_millis(capabilities: &Capabilities, ttl: Duration) -> u64 {
-    u64::try_from(capabilities.store_ttl(ttl).as_millis()).unwrap_or(u64::MAX)
-}
-
-/// Most leases one `renew_many.lua` call renews, so one script never holds the server up
-/// for long; a larger batch goes as several calls, pipelined on the node's connection.
-const RENEWALS_PER_SCRIPT: usize = 1000;
-
-/// Renews `leases` on `node` with as few `renew_many.lua` calls as [`RENEWALS_PER_SCRIPT`]
-/// allows, answering for each lease in order whether the node still held it.
-pub(crate) async fn renew_entries(
-    node: &Node,
-    layout: &Layout,
-    capabilities: &Capabilities,
-    leases: &[LeaseRenewal],
-) -> Result<Vec<bool>> {
-    let calls = leases.chunks(RENEWALS_PER_SCRIPT).map(|chunk| async move {
-        let mut invocation = RENEW_MANY.prepare_invoke();
-        for lease in chunk {
-            invocation
-                .key(layout.lock_key(&lease.key))
-                .arg(lease.lease_id.to_string())
-                .arg(ttl_millis(capabilities, lease.ttl));
-        }
-        let renewed: Vec<i64> = node.invoke(&invocation, "renew").await?;
-        if renewed.len() != chunk.len() {
-            return Err(unexpected_reply("renew", node.shown()));
-        }
-        Ok(renewed)
-    });
-    let replies = try_join_all(calls).await?;
-    Ok(replies
-        .into_iter()
-        .flatten()
-        .map(|renewed| renewed == 1)
-        .collect())
-}
-
-/// A lock entry as the scripts store it: `<lease id>:<token>:<stamp>` (the stamp is 0 on a
-/// single node, and the acquisition attempt under Redlock).
-pub(crate) struct Entry {
-    pub(crate) lease_id: LeaseId,
-    pub(crate) token: u64,
-}
-
-impl Entry {
-    pub(crate) fn parse(value: &str) -> Option<Entry> {
-        let mut parts = value.split(':');
-        let lease_id = parts.next()?.parse().ok()?;
-        let token = parts.next()?.parse().ok()?;
-        Some(Entry { lease_id, token })
-    }
-}
-
-/// Reads `(entry, remaining TTL)` from an inspect script reply; `None` when free.
-pub(crate) fn parse_inspect(reply: (String, i64)) -> Option<Option<(Entry, Duration)>> {
-    let (value, pttl) = reply;
-    if value.is_empty() {
-        return Some(None);
-    }
-    let entry = Entry::parse(&value)?;
-    // PTTL rounds down: 0 means under a millisecond left, and the entry is still live (a
-    // renewal now would still find it), so it must not be reported free yet.
-    Some(Some((
-        entry,
-        Duration::from_millis(pttl.max(0).unsigned_abs()),
-    )))
-}
+static ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/acquire.lua")));
 
 /// Locks on one standalone Redis server (not a Redis Cluster: the batched renewal touches
 /// keys of many hash slots at once, which a Cluster node refuses).
@@ -148,7 +55,7 @@ impl RedisBackend {
                 "RedisBackend takes exactly one node; use RedlockBackend for several",
             ));
         };
-        let options = node_options(config);
+        let options = NodeOptions::new(config);
         let node = Node::new(target, options)?;
         let subscriber = match config.subscriber_target()? {
             Some(target) => Some(Node::new(target, options)?),
@@ -170,7 +77,7 @@ impl RedisBackend {
                 node,
                 layout,
                 notifier,
-                capabilities: capabilities(config),
+                capabilities: config.capabilities(),
             }),
         })
     }
@@ -239,7 +146,7 @@ impl LockBackend for RedisBackend {
 
     async fn renew_many(&self, leases: &[LeaseRenewal]) -> Vec<Result<bool>> {
         let inner = &self.inner;
-        match renew_entries(&inner.node, &inner.layout, &inner.capabilities, leases).await {
+        match renew_if_owner(&inner.node, &inner.layout, &inner.capabilities, leases).await {
             Ok(renewed) => renewed.into_iter().map(Ok).collect(),
             Err(err) => vec![Err(err); leases.len()],
         }
@@ -247,34 +154,14 @@ impl LockBackend for RedisBackend {
 
     async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
         let inner = &self.inner;
-        let released: i64 = inner
-            .node
-            .invoke(
-                RELEASE
-                    .key(inner.layout.lock_key(key))
-                    .arg(lease_id.to_string())
-                    .arg(inner.layout.channel()),
-                "release",
-            )
-            .await?;
-        Ok(released == 1)
+        let (lock_key, channel) = (inner.layout.lock_key(key), inner.layout.channel());
+        release_if_owner(&inner.node, &lock_key, lease_id, &channel).await
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
         let inner = &self.inner;
-        let reply: (String, i64) = inner
-            .node
-            .invoke(&INSPECT.key(inner.layout.lock_key(key)), "inspect")
-            .await?;
-        let parsed =
-            parse_inspect(reply).ok_or_else(|| unexpected_reply("inspect", inner.node.shown()))?;
-        Ok(parsed.map(|(entry, remaining_ttl)| HolderInfo {
-            lease_id: entry.lease_id,
-            token: FencingToken::new(entry.token),
-            remaining_ttl,
-            waiters: None,
-            holder: None,
-        }))
+        let held = read_holder(&inner.node, &inner.layout.lock_key(key)).await?;
+        Ok(held.map(|held| held.into_info()))
     }
 
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {

@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::fmt;
 use std::time::Duration;
 
-use lock_core::{Error, ErrorKind, Result, StoreUrl};
+use lock_core::{Capabilities, Error, ErrorKind, Liveness, Result, StoreUrl};
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo};
 
 const DEFAULT_PORT: u16 = 6379;
@@ -203,6 +203,23 @@ impl RedisConfig {
     /// How many nodes the configuration names.
     pub fn node_count(&self) -> usize {
         self.nodes.len()
+    }
+
+    /// What a backend on this configuration promises, single node or Redlock alike:
+    /// notification by pub/sub, batched renewal, millisecond TTLs on the servers' clocks,
+    /// fencing counters as durable as the operator says the servers are (and never durable
+    /// on servers allowed to evict them). No fair ordering: waiters race.
+    pub(crate) fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            native_notification: true,
+            durable_fencing: self.durable && !self.allow_eviction,
+            reentrancy: true,
+            liveness: Liveness::Batched,
+            min_ttl: Duration::from_millis(10),
+            max_ttl: Duration::from_secs(30 * 24 * 60 * 60),
+            ttl_granularity: Duration::from_millis(1),
+            ..Capabilities::default()
+        }
     }
 
     /// Refuses options that would break the key layout.

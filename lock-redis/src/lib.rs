@@ -20,10 +20,12 @@
 
 mod backend;
 mod config;
+mod entry;
 mod error;
 mod keys;
 mod node;
 mod notify;
+mod quorum;
 mod redlock;
 
 use std::sync::Arc;

@@ -1,40 +1,36 @@
-//! One Redis server: a multiplexed connection (re)made in the background, and the lock
-//! scripts.
+//! One Redis server: a multiplexed connection (re)made in the background, on which the
+//! backends run their scripts.
 
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_core::backend::{lock_unpoisoned as lock, with_timeout};
 use lock_core::{Error, ErrorKind, Result};
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, FromRedisValue, Script, ScriptInvocation};
+use redis::{AsyncConnectionConfig, FromRedisValue, ScriptInvocation};
 use tokio::sync::watch;
 
-use crate::config::NodeTarget;
+use crate::config::{NodeTarget, RedisConfig};
 use crate::error::{breaks_connection, from_redis};
-
-pub(crate) static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/acquire.lua")));
-pub(crate) static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
-pub(crate) static RENEW_MANY: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/renew_many.lua")));
-pub(crate) static INSPECT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/inspect.lua")));
-pub(crate) static RESERVE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/reserve.lua")));
-pub(crate) static CONFIRM: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/confirm.lua")));
-pub(crate) static DISCARD: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/discard.lua")));
 
 /// How a node connects, shared by every node of a backend.
 #[derive(Clone, Copy)]
 pub(crate) struct NodeOptions {
-    pub(crate) connect_timeout: Duration,
-    pub(crate) response_timeout: Duration,
+    connect_timeout: Duration,
+    response_timeout: Duration,
     /// Whether a server that may evict keys is accepted (see [`check_eviction`]).
-    pub(crate) allow_eviction: bool,
+    allow_eviction: bool,
+}
+
+impl NodeOptions {
+    /// How every node of `config` connects.
+    pub(crate) fn new(config: &RedisConfig) -> Self {
+        NodeOptions {
+            connect_timeout: config.connect_timeout,
+            response_timeout: config.response_timeout,
+            allow_eviction: config.allow_eviction,
+        }
+    }
 }
 
 /// A connection to one server, replaced whenever it may have lost track of its replies.

@@ -1,11 +1,11 @@
 //! Redlock: a lock held on a majority of independent Redis nodes, with a fencing token
 //! that grows across quorum acquisitions whose majorities differ.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
@@ -17,12 +17,21 @@ use lock_core::{
     async_trait, Backoff, Capabilities, Error, ErrorKind, FencingToken, LeaseId, LockKey, Result,
 };
 
-use crate::backend::{capabilities, node_options, parse_inspect, renew_entries, ttl_millis};
+use redis::Script;
+
 use crate::config::RedisConfig;
-use crate::error::unexpected_reply;
+use crate::entry::{read_holder, release_if_owner, renew_if_owner, ttl_millis};
 use crate::keys::Layout;
-use crate::node::{Node, CONFIRM, DISCARD, INSPECT, RELEASE, RESERVE};
+use crate::node::{Node, NodeOptions};
 use crate::notify::Notifier;
+use crate::quorum::Quorum;
+
+static RESERVE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/reserve.lua")));
+static CONFIRM: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/confirm.lua")));
+static DISCARD: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/discard.lua")));
 
 /// Locks held on a majority of N independent Redis nodes (the Redlock algorithm), with a
 /// fencing token that is strictly increasing even when successive majorities differ.
@@ -38,7 +47,8 @@ pub struct RedlockBackend {
 }
 
 struct Inner {
-    nodes: Vec<Arc<Node>>,
+    nodes: Vec<Node>,
+    quorum: Quorum,
     layout: Layout,
     notifier: Notifier,
     node_timeout: Duration,
@@ -67,10 +77,6 @@ const CLEAN_UP_BACKOFF: Backoff = Backoff {
 /// hold) alive for a long TTL.
 const CLEAN_UP_PERSISTENCE: Duration = Duration::from_secs(60);
 
-fn majority(nodes: usize) -> usize {
-    nodes / 2 + 1
-}
-
 fn next_stamp() -> u64 {
     ATTEMPTS.fetch_add(1, Ordering::Relaxed) + 1
 }
@@ -87,30 +93,32 @@ impl RedlockBackend {
     /// connected lazily when they come back.
     pub async fn connect(config: &RedisConfig) -> Result<Self> {
         config.validate()?;
-        let options = node_options(config);
+        let options = NodeOptions::new(config);
         let nodes = config
             .node_targets()?
             .into_iter()
-            .map(|target| Node::new(target, options).map(Arc::new))
-            .collect::<Result<Vec<Arc<Node>>>>()?;
+            .map(|target| Node::new(target, options))
+            .collect::<Result<Vec<Node>>>()?;
+        let quorum = Quorum::of(nodes.len());
         let layout = Layout::new(&config.key_prefix);
-        let subscribers: Vec<&Node> = nodes.iter().map(|node| &**node).collect();
+        let subscribers: Vec<&Node> = nodes.iter().collect();
         // Every node that held the lease publishes its release, within about a reply time
         // of each other.
         let notifier = Notifier::start(
             &subscribers,
             layout.channel(),
             config.connect_timeout,
-            majority(config.node_count()),
+            quorum.needed(),
             config.response_timeout,
         );
         let backend = RedlockBackend {
             inner: Arc::new(Inner {
                 nodes,
+                quorum,
                 layout,
                 notifier,
                 node_timeout: config.node_timeout,
-                capabilities: capabilities(config),
+                capabilities: config.capabilities(),
             }),
         };
         let (connected, ()) = tokio::join!(
@@ -132,7 +140,7 @@ impl RedlockBackend {
         {
             return Err(misconfigured.clone());
         }
-        if backend.inner.nodes.len() - failures.len() < backend.quorum() {
+        if !quorum.reached(backend.inner.nodes.len() - failures.len()) {
             if let Some(first) = failures.into_iter().next() {
                 return Err(first);
             }
@@ -142,7 +150,7 @@ impl RedlockBackend {
 
     /// How many nodes make a majority.
     pub fn quorum(&self) -> usize {
-        majority(self.inner.nodes.len())
+        self.inner.quorum.needed()
     }
 
     /// Keys starting with `key_prefix` that have a lock entry on any node (fencing
@@ -214,34 +222,6 @@ impl RedlockBackend {
         // Usually done well within the node time-out; a rival that looks next then finds
         // the nodes free.
         let _ = tokio::time::timeout(self.inner.node_timeout, clean_up).await;
-    }
-
-    async fn release_everywhere(&self, key: &LockKey, lease_id: LeaseId) -> Vec<Result<i64>> {
-        let layout = &self.inner.layout;
-        let (lock_key, channel, lease) =
-            (layout.lock_key(key), layout.channel(), lease_id.to_string());
-        self.on_all("release", |_, node| {
-            let (lock_key, channel, lease) = (&lock_key, &channel, &lease);
-            async move {
-                node.invoke(RELEASE.key(lock_key).arg(lease).arg(channel), "release")
-                    .await
-            }
-        })
-        .await
-    }
-
-    /// `Unavailable` naming how many nodes answered, with the first node error as source.
-    fn no_quorum(&self, what: &str, answered: usize, errors: Vec<Error>) -> Error {
-        let message = format!(
-            "{what}: only {answered} of {} Redis nodes answered, {} needed",
-            self.inner.nodes.len(),
-            self.quorum()
-        );
-        match errors.into_iter().next() {
-            Some(first) if first.kind() == ErrorKind::PermissionDenied => first,
-            Some(first) => Error::new(ErrorKind::Unavailable, message).with_source(first),
-            None => Error::new(ErrorKind::Unavailable, message),
-        }
     }
 }
 
@@ -316,15 +296,16 @@ impl LockBackend for RedlockBackend {
                 Err(err) => errors.push(err),
             }
         }
-        if granted.len() < self.quorum() {
+        let quorum = inner.quorum;
+        if !quorum.reached(granted.len()) {
             if !granted.is_empty() {
                 self.abandon(request.key(), request.lease_id(), stamp, request.ttl())
                     .await;
             }
-            if granted.len() + held >= self.quorum() {
+            if quorum.reached(granted.len() + held) {
                 return Ok(None);
             }
-            return Err(self.no_quorum("acquire", granted.len() + held, errors));
+            return Err(quorum.missed("acquire", granted.len() + held, errors));
         }
 
         // The token: a retry that finds this lease's confirmed token on a majority, and no
@@ -335,7 +316,7 @@ impl LockBackend for RedlockBackend {
             .iter()
             .filter(|r| r.status == OWN && r.token == highest)
             .count();
-        let token = if highest > 0 && confirmed_before >= self.quorum() && counter_max <= highest {
+        let token = if highest > 0 && quorum.reached(confirmed_before) && counter_max <= highest {
             highest
         } else {
             counter_max.max(highest) + 1
@@ -369,7 +350,7 @@ impl LockBackend for RedlockBackend {
             .grant(FencingToken::new(token), started)
             .valid_until()
             > Instant::now();
-        if confirmations >= self.quorum() && still_valid {
+        if quorum.reached(confirmations) && still_valid {
             return Ok(Some(FencingToken::new(token).into()));
         }
         self.abandon(request.key(), request.lease_id(), stamp, request.ttl())
@@ -410,97 +391,41 @@ impl LockBackend for RedlockBackend {
         let inner = &self.inner;
         let replies = self
             .on_all("renew", |_, node| {
-                renew_entries(node, &inner.layout, &inner.capabilities, leases)
+                renew_if_owner(node, &inner.layout, &inner.capabilities, leases)
             })
             .await;
         (0..leases.len())
             .map(|index| {
-                let (mut renewed, mut refused, mut errors) = (0, 0, Vec::new());
-                for reply in &replies {
-                    match reply {
-                        Ok(answers) if answers.get(index) == Some(&true) => renewed += 1,
-                        Ok(_) => refused += 1,
-                        Err(err) => errors.push(err.clone()),
-                    }
-                }
-                if renewed >= self.quorum() {
-                    Ok(true)
-                } else if renewed + errors.len() < self.quorum() {
-                    // Even if every silent node had renewed, there would be no majority.
-                    Ok(false)
-                } else {
-                    Err(self.no_quorum("renew", renewed + refused, errors))
-                }
+                let answers = replies.iter().map(|reply| match reply {
+                    Ok(renewed) => Ok(renewed.get(index) == Some(&true)),
+                    Err(err) => Err(err.clone()),
+                });
+                inner.quorum.decide("renew", answers)
             })
             .collect()
     }
 
+    /// Goes to every node, so a minority of leftovers is removed too; but the lease was
+    /// live, and is released, only if a majority still held it.
     async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
-        let (mut released, mut refused, mut errors) = (0, 0, Vec::new());
-        for reply in self.release_everywhere(key, lease_id).await {
-            match reply {
-                Ok(1) => released += 1,
-                Ok(_) => refused += 1,
-                Err(err) => errors.push(err),
-            }
-        }
-        // The lease was live only if a majority still held it; a minority of leftovers is
-        // removed all the same, but does not make an expired lease "released".
-        if released >= self.quorum() {
-            Ok(true)
-        } else if released + errors.len() < self.quorum() {
-            Ok(false)
-        } else {
-            Err(self.no_quorum("release", released + refused, errors))
-        }
+        let inner = &self.inner;
+        let (lock_key, channel) = (inner.layout.lock_key(key), inner.layout.channel());
+        let replies = self
+            .on_all("release", |_, node| {
+                release_if_owner(node, &lock_key, lease_id, &channel)
+            })
+            .await;
+        inner.quorum.decide("release", replies)
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
         let inner = &self.inner;
         let lock_key = inner.layout.lock_key(key);
         let replies = self
-            .on_all("inspect", |_, node| {
-                let lock_key = &lock_key;
-                async move {
-                    let reply: (String, i64) =
-                        node.invoke(&INSPECT.key(lock_key), "inspect").await?;
-                    parse_inspect(reply).ok_or_else(|| unexpected_reply("inspect", node.shown()))
-                }
-            })
+            .on_all("inspect", |_, node| read_holder(node, &lock_key))
             .await;
-        let mut holders: HashMap<LeaseId, (u64, Vec<Duration>)> = HashMap::new();
-        let (mut answered, mut errors) = (0, Vec::new());
-        for reply in replies {
-            match reply {
-                Ok(entry) => {
-                    answered += 1;
-                    if let Some((entry, remaining)) = entry {
-                        let holder = holders.entry(entry.lease_id).or_default();
-                        holder.0 = holder.0.max(entry.token);
-                        holder.1.push(remaining);
-                    }
-                }
-                Err(err) => errors.push(err),
-            }
-        }
-        if answered < self.quorum() {
-            return Err(self.no_quorum("inspect", answered, errors));
-        }
-        let quorum = self.quorum();
-        Ok(holders
-            .into_iter()
-            .find(|(_, (_, ttls))| ttls.len() >= quorum)
-            .map(|(lease_id, (token, mut ttls))| {
-                // Held for as long as a majority still keeps it.
-                ttls.sort_unstable_by(|a, b| b.cmp(a));
-                HolderInfo {
-                    lease_id,
-                    token: FencingToken::new(token),
-                    remaining_ttl: ttls[quorum - 1],
-                    waiters: None,
-                    holder: None,
-                }
-            }))
+        let held = inner.quorum.holder("inspect", replies)?;
+        Ok(held.map(|held| held.into_info()))
     }
 
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {

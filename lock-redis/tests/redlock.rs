@@ -234,7 +234,7 @@ async fn log_every_command(server: SocketAddr) {
     support::config_set(server, "slowlog-max-len", "10000").await;
     let _: String = redis::cmd("SCRIPT")
         .arg("LOAD")
-        .arg(include_str!("../src/scripts/discard.lua"))
+        .arg(include_str!("../scripts/discard.lua"))
         .query_async(&mut raw(server).await)
         .await
         .unwrap();
@@ -278,7 +278,7 @@ async fn partial_grant_then(
 }
 
 fn discard_sha() -> String {
-    redis::Script::new(include_str!("../src/scripts/discard.lua"))
+    redis::Script::new(include_str!("../scripts/discard.lua"))
         .get_hash()
         .to_string()
 }
