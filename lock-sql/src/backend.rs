@@ -59,15 +59,11 @@ struct Running {
 }
 
 impl InFlight {
-    fn gates(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseId, Vec<Gate>>> {
-        lock_unpoisoned(&self.0)
-    }
-
     /// Records a statement of `lease_id` that starts now.
     async fn start(self: &Arc<Self>, lease_id: LeaseId) -> Running {
         let gate = Gate::default();
         let open = Arc::clone(&gate).lock_owned().await;
-        self.gates()
+        lock_unpoisoned(&self.0)
             .entry(lease_id)
             .or_default()
             .push(Arc::clone(&gate));
@@ -81,7 +77,10 @@ impl InFlight {
 
     /// Waits until every statement of `lease_id` running now has ended.
     async fn wait_for(&self, lease_id: LeaseId) {
-        let running: Vec<Gate> = self.gates().get(&lease_id).cloned().unwrap_or_default();
+        let running: Vec<Gate> = lock_unpoisoned(&self.0)
+            .get(&lease_id)
+            .cloned()
+            .unwrap_or_default();
         for gate in running {
             drop(gate.lock().await);
         }
@@ -90,7 +89,7 @@ impl InFlight {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        let mut gates = self.in_flight.gates();
+        let mut gates = lock_unpoisoned(&self.in_flight.0);
         if let Some(running) = gates.get_mut(&self.lease_id) {
             running.retain(|gate| !Arc::ptr_eq(gate, &self.gate));
             if running.is_empty() {
@@ -382,7 +381,7 @@ mod tests {
             .await
             .expect("the release goes on once every attempt ended");
         assert!(
-            in_flight.gates().is_empty(),
+            lock_unpoisoned(&in_flight.0).is_empty(),
             "an ended attempt left its gate"
         );
     }

@@ -12,7 +12,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use lock_core::backend::HolderInfo;
+use lock_core::backend::{with_timeout, HolderInfo};
 use lock_core::{Error, ErrorKind, FencingToken, LeaseId, LockKey, Result};
 use sqlx::pool::PoolOptions;
 use sqlx::{AssertSqlSafe, ColumnIndex, Database, Decode, Encode, Executor, IntoArguments};
@@ -185,25 +185,16 @@ where
             .acquire()
             .await
             .map_err(self.fail(&format!("{doing} (connecting)")))?;
-        let answer = tokio::time::timeout(self.answer_within, statement(&mut conn)).await;
-        match answer {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(err)) => {
-                drop(conn.detach());
-                Err(map(self.dialect, doing, err))
-            }
-            Err(_) => {
-                drop(conn.detach());
-                Err(Error::new(
-                    ErrorKind::Unavailable,
-                    format!(
-                        "{doing} failed: the database did not answer within {:?}; the \
-                         connection was closed",
-                        self.answer_within
-                    ),
-                ))
-            }
+        let answer = with_timeout(self.answer_within, doing, async {
+            statement(&mut conn)
+                .await
+                .map_err(|err| map(self.dialect, doing, err))
+        })
+        .await;
+        if answer.is_err() {
+            drop(conn.detach());
         }
+        answer
     }
 
     /// Creates the table and the token counter if missing, on one connection, inside the

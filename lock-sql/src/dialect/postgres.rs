@@ -1,19 +1,16 @@
 //! PostgreSQL, with waiters woken by LISTEN/NOTIFY.
 
-use std::sync::OnceLock;
-use std::time::Duration;
+use std::sync::{Arc, OnceLock};
 
-use lock_core::{
-    backend::{KeyWatch, ReleaseFeed},
-    Error, LockKey, Result,
-};
+use lock_core::backend::{supervise_listener, KeyWatch, ListenerLink, ListenerTask, ReleaseFeed};
+use lock_core::{Error, LockKey, Result};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgQueryResult};
 use sqlx::{AssertSqlSafe, Pool, Postgres, Row, SqlSafeStr, SqlStr};
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 use super::{channel, pool_options, server_options, sql_text, Ops, RowsAffected, SqlText};
-use crate::config::SqlConfig;
+use crate::config::{Dialect, SqlConfig};
+use crate::error::map;
 
 pub(crate) const SQL: SqlText = sql_text!(
     "postgres",
@@ -25,13 +22,6 @@ pub(crate) const SQL: SqlText = sql_text!(
 
 const NOTIFY: &str = include_str!("../../sql/postgres/notify.sql");
 const DURABILITY: &str = include_str!("../../sql/postgres/durability.sql");
-
-/// How long a new subscriber waits for the shared listener's first LISTEN, so that a
-/// release right after the waiter's first attempt is not missed. If it takes longer the
-/// waiter goes on and relies on its fallback poll.
-const LISTEN_READY_WAIT: Duration = Duration::from_secs(2);
-/// Pause between attempts to re-establish a failed listener connection.
-const RELISTEN_PAUSE: Duration = Duration::from_millis(200);
 
 impl RowsAffected for PgQueryResult {
     fn rows(&self) -> u64 {
@@ -134,83 +124,78 @@ impl Listener {
     }
 }
 
-/// One LISTEN connection per backend, serving the waiters of every key.
+/// One LISTEN connection per backend, serving the waiters of every key; the core's
+/// supervisor reconnects it and wakes every waiter when it was down.
 #[derive(Debug)]
 pub(crate) struct Notifier {
     releases: ReleaseFeed,
     listening: watch::Receiver<bool>,
-    task: JoinHandle<()>,
+    _listener: ListenerTask,
 }
 
 impl Notifier {
-    /// Starts the listener task; must be called inside a tokio runtime.
+    /// Starts the listener; must be called inside a tokio runtime.
     fn start(pool: Pool<Postgres>, channel: String) -> Self {
         let releases = ReleaseFeed::new();
         let (listening_tx, listening) = watch::channel(false);
-        let task = tokio::spawn(listen(pool, channel, releases.clone(), listening_tx));
+        let listening_tx = Arc::new(listening_tx);
+        let listener = supervise_listener("postgres LISTEN", releases.clone(), move |link| {
+            listen(
+                pool.clone(),
+                channel.clone(),
+                link,
+                Arc::clone(&listening_tx),
+            )
+        });
         Notifier {
             releases,
             listening,
-            task,
+            _listener: listener,
         }
     }
 
-    /// A subscription for `key`, made once the listener is listening (or after a short
-    /// wait for it, falling back to the poll).
+    /// A subscription for `key`, made once the LISTEN is in place.
+    ///
+    /// A watch made earlier would be woken when the LISTEN comes up (every waiter looks
+    /// again then, in case it missed a release): a wake-up in vain, after which the core
+    /// pauses before acting on the next one. Waiting costs no release: the core attempts
+    /// again as soon as the subscription is made, and polls while it is not.
     pub(crate) async fn subscribe(&self, key: &str) -> Box<dyn KeyWatch> {
-        // Subscribed before waiting, so nothing sent from here on is missed.
-        let watch = self.releases.watch(key);
-        let mut listening = self.listening.clone();
-        let _ = tokio::time::timeout(LISTEN_READY_WAIT, listening.wait_for(|ready| *ready)).await;
-        watch
+        // An error means the listener is gone; the watch then only gets the poll.
+        let _ = self.listening.clone().wait_for(|up| *up).await;
+        self.releases.watch(key)
     }
 }
 
-impl Drop for Notifier {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
+/// One run of the listener: LISTEN on a new connection, then hand every notification (its
+/// payload is the released key) to the feed until the connection fails.
 async fn listen(
     pool: Pool<Postgres>,
     channel: String,
-    releases: ReleaseFeed,
-    listening: watch::Sender<bool>,
-) {
+    link: ListenerLink,
+    listening: Arc<watch::Sender<bool>>,
+) -> Result<()> {
+    // Still set after the previous run's connection failed.
+    listening.send_replace(false);
+    let failed = |doing: &'static str| move |err| map(Dialect::Postgres, doing, err);
+    let mut listener = PgListener::connect_with(&pool)
+        .await
+        .map_err(failed("opening the LISTEN connection"))?;
+    // A lost connection ends this run and the supervisor starts the next one, which wakes
+    // every waiter; re-established inside the listener, the gap would go unnoticed.
+    listener.eager_reconnect(false);
+    listener
+        .listen(&channel)
+        .await
+        .map_err(failed("listening for releases"))?;
+    // Waiters already watching look again; those that subscribe from now on need not.
+    link.subscribed();
+    listening.send_replace(true);
     loop {
-        let mut listener = match PgListener::connect_with(&pool).await {
-            Ok(listener) => listener,
-            Err(err) => {
-                tracing::debug!(error = %err, "LISTEN connection failed; retrying");
-                tokio::time::sleep(RELISTEN_PAUSE).await;
-                continue;
-            }
-        };
-        if let Err(err) = listener.listen(&channel).await {
-            tracing::debug!(error = %err, "LISTEN failed; retrying");
-            tokio::time::sleep(RELISTEN_PAUSE).await;
-            continue;
-        }
-        listening.send_replace(true);
-        // Releases between the previous connection's loss and this LISTEN were missed.
-        releases.wake_all();
-        loop {
-            match listener.try_recv().await {
-                Ok(Some(notification)) => {
-                    releases.released(notification.payload());
-                }
-                // The connection was lost; the next call reconnects and re-listens.
-                Ok(None) => {
-                    releases.wake_all();
-                }
-                Err(err) => {
-                    tracing::debug!(error = %err, "LISTEN connection broke; reconnecting");
-                    releases.wake_all();
-                    tokio::time::sleep(RELISTEN_PAUSE).await;
-                    break;
-                }
-            }
+        match listener.try_recv().await {
+            Ok(Some(notification)) => link.feed().released(notification.payload()),
+            Ok(None) => return Ok(()),
+            Err(err) => return Err(failed("receiving release notifications")(err)),
         }
     }
 }
