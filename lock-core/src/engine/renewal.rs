@@ -17,7 +17,7 @@
 //! [`Liveness`]: crate::backend::Liveness
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -40,7 +40,7 @@ const MAX_BATCH: usize = 1000;
 /// wake-up (or the inbox grows long), so taking and releasing locks costs no task switch.
 #[derive(Debug, Default)]
 struct Inbox {
-    added: Vec<Arc<HeldLock>>,
+    added: Vec<Weak<HeldLock>>,
     finished: Vec<u64>,
     sessions: Vec<u64>,
     /// An engine task is running for this client.
@@ -137,13 +137,14 @@ impl Renewals {
             if inbox.running {
                 false
             } else {
-                inbox.added.push(Arc::clone(&held));
+                inbox.added.push(Arc::downgrade(&held));
                 inbox.running = true;
                 true
             }
         };
         if !start {
-            self.shared.post(Some(due), |inbox| inbox.added.push(held));
+            self.shared
+                .post(Some(due), |inbox| inbox.added.push(Arc::downgrade(&held)));
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -170,8 +171,10 @@ impl Renewals {
     }
 }
 
+/// The engine holds leases weakly: a lease nobody holds any more (its guard released or
+/// dropped) must not keep its client, and the client's connections, alive.
 struct Tracked {
-    held: Arc<HeldLock>,
+    held: Weak<HeldLock>,
     /// When the engine looks at the lease next (its entry in the schedule).
     wake: Instant,
     /// Failed renewal attempts in a row, and when to retry.
@@ -229,7 +232,9 @@ impl Engine {
                 )
             };
             for held in added {
-                self.track(held);
+                if let Some(held) = held.upgrade() {
+                    self.track(held);
+                }
             }
             for id in finished {
                 self.forget(id);
@@ -237,7 +242,12 @@ impl Engine {
             for id in sessions {
                 self.session_changed(id);
             }
-            if self.shared.closed.load(Ordering::SeqCst) && self.tracked.is_empty() {
+            let closed = self.shared.closed.load(Ordering::SeqCst);
+            if closed {
+                self.tracked
+                    .retain(|_, tracked| tracked.held.strong_count() > 0);
+            }
+            if closed && self.tracked.is_empty() {
                 return;
             }
             self.due(Instant::now());
@@ -268,7 +278,7 @@ impl Engine {
         self.tracked.insert(
             id,
             Tracked {
-                held,
+                held: Arc::downgrade(&held),
                 wake: Instant::now(),
                 attempt: 0,
                 retry_at: None,
@@ -320,15 +330,13 @@ impl Engine {
             return;
         }
         for id in leases {
-            let Some(tracked) = self.tracked.get(&id) else {
+            let Some(held) = self.held(id) else {
                 continue;
             };
             if status.expired {
-                tracked
-                    .held
-                    .mark_lost("the store ended the lease's session");
-            } else if let Some(lease) = tracked.held.lease().proven_by(&status) {
-                tracked.held.renewed(lease);
+                held.mark_lost("the store ended the lease's session");
+            } else if let Some(lease) = held.lease().proven_by(&status) {
+                held.renewed(lease);
             }
             self.reschedule(id);
         }
@@ -340,11 +348,15 @@ impl Engine {
     /// Puts a lease back in the schedule at its next moment of interest, or forgets it
     /// when it is no longer held (or lost at its deadline).
     fn reschedule(&mut self, id: u64) {
+        let Some(held) = self.held(id) else {
+            self.forget(id);
+            return;
+        };
         let Some(tracked) = self.tracked.get_mut(&id) else {
             return;
         };
         self.schedule.remove(&(tracked.wake, id));
-        let state = tracked.held.snapshot();
+        let state = held.snapshot();
         if state.status != Status::Held {
             self.forget(id);
             return;
@@ -352,19 +364,22 @@ impl Engine {
         let lease = state.lease;
         let deadline = lease.valid_until();
         if Instant::now() >= deadline {
-            tracked
-                .held
-                .mark_lost("the local deadline passed without a renewal");
+            held.mark_lost("the local deadline passed without a renewal");
             self.forget(id);
             return;
         }
-        let wake = match renew_at(&tracked.held, &lease) {
+        let wake = match renew_at(&held, &lease) {
             Some(_) if tracked.renewing => deadline,
             Some(renew_at) => tracked.retry_at.unwrap_or(renew_at).min(deadline),
             None => deadline,
         };
         tracked.wake = wake;
         self.schedule.insert((wake, id));
+    }
+
+    /// The lease, if anyone still holds it.
+    fn held(&self, id: u64) -> Option<Arc<HeldLock>> {
+        self.tracked.get(&id)?.held.upgrade()
     }
 
     fn forget(&mut self, id: u64) {
@@ -405,9 +420,8 @@ impl Engine {
             .collect();
         for id in soon {
             let early = self
-                .tracked
-                .get(&id)
-                .map_or(Duration::ZERO, |t| t.held.options.ttl / 6);
+                .held(id)
+                .map_or(Duration::ZERO, |held| held.options.ttl / 6);
             if self.wants_renewal(id, now, early) {
                 if let Some(tracked) = self.tracked.get(&id) {
                     self.schedule.remove(&(tracked.wake, id));
@@ -426,14 +440,17 @@ impl Engine {
         let Some(tracked) = self.tracked.get(&id) else {
             return false;
         };
+        let Some(held) = tracked.held.upgrade() else {
+            return false;
+        };
         if tracked.renewing {
             return false;
         }
-        let state = tracked.held.snapshot();
+        let state = held.snapshot();
         if state.status != Status::Held || !state.lease.is_valid() {
             return false;
         }
-        match renew_at(&tracked.held, &state.lease) {
+        match renew_at(&held, &state.lease) {
             Some(at) => tracked.retry_at.unwrap_or(at) <= now + early,
             None => false,
         }
@@ -446,12 +463,15 @@ impl Engine {
             let Some(tracked) = self.tracked.get_mut(id) else {
                 continue;
             };
+            let Some(held) = tracked.held.upgrade() else {
+                continue;
+            };
             tracked.renewing = true;
-            let lease = tracked.held.lease();
+            let lease = held.lease();
             timeout = timeout
-                .min(tracked.held.options.request_timeout)
+                .min(held.options.request_timeout)
                 .min(lease.remaining());
-            leases.push((*id, lease, tracked.held.options.ttl));
+            leases.push((*id, lease, held.options.ttl));
         }
         for id in ids {
             self.reschedule(*id);
@@ -506,6 +526,9 @@ impl Engine {
                 continue;
             };
             tracked.renewing = false;
+            let Some(held) = tracked.held.upgrade() else {
+                continue;
+            };
             let span = tracing::info_span!("distlock.renew", backend = self.backend.name(), key = %lease.key(), outcome = tracing::field::Empty);
             let _entered = span.enter();
             match result {
@@ -513,19 +536,15 @@ impl Engine {
                     span.record("outcome", "ok");
                     tracked.attempt = 0;
                     tracked.retry_at = None;
-                    tracked
-                        .held
-                        .renewed(lease.renewed(tracked.held.options.ttl, renewed.sent_at));
+                    held.renewed(lease.renewed(held.options.ttl, renewed.sent_at));
                 }
                 Ok(false) => {
                     span.record("outcome", "lost");
-                    tracked
-                        .held
-                        .mark_lost("the store no longer holds the lease");
+                    held.mark_lost("the store no longer holds the lease");
                 }
                 Err(err) if err.kind() == ErrorKind::Lost => {
                     span.record("outcome", "lost");
-                    tracked.held.mark_lost(err.message());
+                    held.mark_lost(err.message());
                 }
                 Err(err) => {
                     span.record(
@@ -533,7 +552,7 @@ impl Engine {
                         crate::engine::outcome_name::<()>(&Err(err.clone())),
                     );
                     tracing::debug!(error = %err, "renewal failed; retrying until the deadline");
-                    let pause = tracked.held.options.backoff.pause(tracked.attempt);
+                    let pause = held.options.backoff.pause(tracked.attempt);
                     tracked.attempt = tracked.attempt.saturating_add(1);
                     tracked.retry_at = Some(now + pause);
                 }
@@ -707,6 +726,62 @@ mod tests {
                 crate::ErrorKind::Lost
             );
         }
+    }
+
+    /// A backend that says when it is dropped.
+    #[derive(Debug)]
+    struct Dropped(MemoryBackend, Arc<std::sync::atomic::AtomicBool>);
+
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            self.1.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[async_trait]
+    impl LockBackend for Dropped {
+        fn name(&self) -> &'static str {
+            "dropped"
+        }
+        fn capabilities(&self) -> &Capabilities {
+            self.0.capabilities()
+        }
+        async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
+            self.0.try_acquire(request).await
+        }
+        async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
+            self.0.renew(key, lease_id, ttl).await
+        }
+        async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
+            self.0.release(key, lease_id).await
+        }
+        async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
+            self.0.inspect(key).await
+        }
+    }
+
+    /// A released lease does not keep its client (and the client's connections) alive
+    /// until the engine's next renewal moment: once the client is gone too, the engine
+    /// ends and lets go of the backend.
+    #[tokio::test]
+    async fn a_dropped_client_with_released_leases_lets_go_of_its_backend() {
+        let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let client = LockClient::new(Dropped(MemoryBackend::new(), dropped.clone()));
+        for manual in [false, true] {
+            let request = client
+                .lock(format!("k{manual}"))
+                .ttl(Duration::from_secs(60));
+            let request = if manual {
+                request.renewal(crate::Renewal::Manual)
+            } else {
+                request
+            };
+            request.await.unwrap().release().await.unwrap();
+        }
+        let _dropped_guard = client.lock("dropped").await.unwrap();
+        drop(_dropped_guard);
+        drop(client);
+        wait_until(|| dropped.load(Ordering::SeqCst)).await;
     }
 
     /// Polls a condition with a deadline (an event with no notification to wait on).
