@@ -6,7 +6,10 @@
 use std::time::Duration;
 
 use distlock_benches::{contended, report, sample};
-use lock_core::{AcquireRequest, LockBackend, LockClient, LockKey, MemoryBackend};
+use lock_core::{
+    backend::{AcquireRequest, LockBackend},
+    LockClient, LockKey, MemoryBackend,
+};
 
 const CYCLES: usize = 20_000;
 const TTL: Duration = Duration::from_secs(30);

@@ -47,9 +47,9 @@ use std::sync::{Mutex, OnceLock};
 
 pub use lock_core::backend;
 pub use lock_core::{
-    default_drift_allowance, redact_url, AcquireOptions, Backoff, Capabilities, Error,
-    ErrorKind, FencedResource, FencingToken, Lease, LeaseId, Liveness, LockClient, LockGuard,
-    LockKey, LockOwner, LockRequest, LockStatus, MemoryBackend, Renewal, Result, StaleToken,
+    default_drift_allowance, redact_url, AcquireOptions, Backoff, Capabilities, Error, ErrorKind,
+    FencedResource, FencingToken, Lease, LeaseId, Liveness, LockClient, LockGuard, LockKey,
+    LockOwner, LockRequest, LockStatus, MemoryBackend, MemoryLink, Renewal, Result, StaleToken,
     Wait,
 };
 
