@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use conformance_tests::store_process::{StoreProcess, StoreSpec};
 use distlock_benches::{report, sample, Sample};
+use lock_core::backend::LeaseRenewal;
 use lock_core::{AcquireOptions, LockClient, Renewal};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -269,36 +270,39 @@ async fn one_key_rslock(url: &str) {
     .await;
 }
 
-/// One client holding 1,000 locks renews them all at once.
+/// One client holding 1,000 locks renews them all at once, as its renewal engine does: one
+/// `renew_many` call (chunked and pipelined by the backend).
 async fn renew_many(url: &str) {
     let client = library_client(url, Renewal::Manual).await;
     let mut guards = Vec::with_capacity(1000);
     for index in 0..1000 {
-        guards.push(Arc::new(
+        guards.push(
             client
                 .try_lock(format!("bench/held/{index}"))
                 .await
                 .unwrap(),
-        ));
+        );
     }
+    let items: Vec<LeaseRenewal> = guards
+        .iter()
+        .map(|guard| LeaseRenewal {
+            key: guard.key().clone(),
+            lease_id: guard.lease().id(),
+            ttl: TTL,
+        })
+        .collect();
+    let backend = client.backend().clone();
     let round = sample(20, || {
-        let guards = &guards;
+        let (backend, items) = (&backend, &items);
         async move {
-            let mut renewals = JoinSet::new();
-            for guard in guards {
-                let guard = Arc::clone(guard);
-                renewals.spawn(async move { guard.renew().await.unwrap() });
-            }
-            while let Some(done) = renewals.join_next().await {
-                done.unwrap();
-            }
+            let renewed = backend.renew_many(items).await;
+            assert!(renewed.into_iter().all(|r| r.unwrap()));
         }
     })
     .await;
     report("lock-redis renew 1,000 held locks (one round)", &round);
     println!("{:<45} {:>10.2?} per lock", "", round.median / 1000);
     for guard in guards {
-        let guard = Arc::try_unwrap(guard).ok().unwrap();
         guard.release().await.unwrap();
     }
 }
