@@ -43,7 +43,9 @@ struct Inner {
 /// Acquire statements still running, by lease id: a release of that lease waits for every
 /// one of them to finish, so an acquisition cancelled mid-statement (whose statement the
 /// server may still apply) cannot be overtaken by the core's clean-up release, and neither
-/// can an earlier, unanswered attempt of a lease whose retry succeeded.
+/// can an earlier, unanswered attempt of a lease whose retry succeeded. The core's second
+/// clean-up release, a request time-out later, does not cover this: a statement may wait
+/// for row locks until the statement time-out (docs.md, "Abandoned acquisitions").
 #[derive(Default)]
 struct InFlight(std::sync::Mutex<HashMap<LeaseId, Vec<Gate>>>);
 

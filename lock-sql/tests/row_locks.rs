@@ -1,19 +1,21 @@
 //! The lock statements when they wait for database locks held by another transaction:
 //! a grant that waited longer than its TTL is not written already over, tokens follow the
 //! order of grants (a takeover draws its token under the row lock, a stalled insert keeps
-//! its turn), a retried grant or a renewal never shortens the expiry, and the MariaDB
-//! sweep does not wait for locks on live rows.
+//! its turn), a retried grant or a renewal never shortens the expiry, the MariaDB sweep
+//! does not wait for locks on live rows, and an acquisition abandoned while its statement
+//! waits leaves no hold once the statement ends.
 //!
 //! The other transaction is a plain sqlx connection of the test's own; where the test
 //! waits for a statement to be blocked, it watches the server's lock tables.
 
 #![allow(clippy::unwrap_used)]
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use conformance_tests::{eventually, within, Failure};
+use conformance_tests::{eventually, within, Failure, FaultyBackend, Op, SLACK};
 use lock_core::backend::{AcquireRequest, LockBackend};
-use lock_core::{ErrorKind, FencingToken, LeaseId, LockKey};
+use lock_core::{AcquireOptions, ErrorKind, FencingToken, LeaseId, LockClient, LockKey};
 use sqlx::Row;
 
 mod raw_connection;
@@ -233,6 +235,68 @@ async fn regrant_and_renewal_never_shorten_the_expiry(db: Database) {
     assert!(backend.release(&key, lease).await.unwrap());
 }
 
+/// An acquisition is given up while its statement waits for the key's row, locked by
+/// another transaction for longer than the request time-out. Both of the core's clean-up
+/// releases (at once, and a request time-out later) are sent while the statement still
+/// waits; the statement then takes the row over for the abandoned lease. The key must be
+/// free as soon as that grant is written, not when its TTL runs out: a release waits for
+/// the acquire statements of its lease still running (the in-flight gate, see docs.md).
+async fn acquire_abandoned_in_a_row_lock_wait_leaves_nothing_held(db: Database) {
+    let key = key("abandoned-in-lock-wait");
+    // Connected first: connecting creates the table, which waits for an open transaction.
+    let observer = db.backend().await;
+    let faulty = FaultyBackend::new(Arc::new(db.backend().await));
+    let mut setup = RawConnection::open(&db).await;
+    setup
+        .run(&format!(
+            "INSERT INTO distlock_locks (lock_key, lease_id, token, expires_at) \
+             VALUES ('{}', '{}', 1, 0)",
+            key.as_str(),
+            LeaseId::random()
+        ))
+        .await;
+    let mut other = RawConnection::open(&db).await;
+    other.run("BEGIN").await;
+    other
+        .run(&format!(
+            "SELECT 1 FROM distlock_locks WHERE lock_key = '{}' FOR UPDATE",
+            key.as_str()
+        ))
+        .await;
+    let request_timeout = Duration::from_millis(300);
+    let client = LockClient::from_dyn(faulty.clone()).with_defaults(AcquireOptions {
+        ttl: Duration::from_secs(60),
+        request_timeout,
+        ..AcquireOptions::default()
+    });
+    let abandoned = within(
+        Duration::from_secs(5),
+        "the try-lock",
+        client.try_lock(key.as_str()),
+    )
+    .await
+    .unwrap();
+    let err = abandoned.map(|guard| guard.token()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    eventually(
+        request_timeout + SLACK * 2,
+        "both clean-up releases are sent",
+        || async { Ok(faulty.calls(Op::Release) >= 2) },
+    )
+    .await
+    .unwrap();
+    // The abandoned statement still waits for the row.
+    RawConnection::wait_for_lock_waits(&db, 1).await;
+    other.run("COMMIT").await;
+    // The expired row is gone only if the abandoned statement took it over and was then
+    // released.
+    eventually(SLACK, "the abandoned grant is released", || async {
+        Ok(observer.stored_keys(key.as_str()).await?.is_empty())
+    })
+    .await
+    .unwrap();
+}
+
 /// A server process stopped with SIGSTOP until dropped.
 struct Frozen(String);
 
@@ -318,11 +382,13 @@ macro_rules! on_database {
 
 on_database! {
     postgres => [
+        acquire_abandoned_in_a_row_lock_wait_leaves_nothing_held,
         grant_after_a_long_lock_wait_is_not_born_expired,
         takeover_token_is_drawn_under_the_row_lock,
         regrant_and_renewal_never_shorten_the_expiry,
     ],
     mariadb => [
+        acquire_abandoned_in_a_row_lock_wait_leaves_nothing_held,
         grant_after_a_long_lock_wait_is_not_born_expired,
         grant_after_a_long_counter_wait_is_not_handed_out_expired,
         regrant_and_renewal_never_shorten_the_expiry,
