@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::backend::{
-    finish_if_dropped, lock_unpoisoned, AcquireRequest, Grant, HolderInfo, KeyWatch, LockBackend,
+    finish_if_dropped, lock_unpoisoned, AcquireRequest, Grant, HolderInfo, KeyWatch, LeaseRenewal,
+    LockBackend,
 };
 use lock_core::{async_trait, Capabilities, Error, ErrorKind, LeaseId, Liveness, LockKey, Result};
 
@@ -183,7 +184,8 @@ impl SqlBackend {
                     // PostgreSQL: checked by `migrate` (see docs.md).
                     durable_fencing: true,
                     reentrancy: true,
-                    liveness: Liveness::PerLease,
+                    // One statement renews every due lease of a client (`renew_many`).
+                    liveness: Liveness::Batched,
                     min_ttl: Duration::from_millis(10),
                     max_ttl: Duration::from_secs(30 * 24 * 60 * 60),
                     ttl_granularity: Duration::from_millis(1),
@@ -334,6 +336,27 @@ impl LockBackend for SqlBackend {
             on_store!(&inner.store, ops => ops.renew(&key, lease_id, ttl_ms).await)
         })
         .await
+    }
+
+    async fn renew_many(&self, leases: &[LeaseRenewal]) -> Vec<Result<bool>> {
+        let batch: Result<Vec<_>> = leases
+            .iter()
+            .map(|lease| Ok((lease.key.clone(), lease.lease_id, self.ttl_ms(lease.ttl)?)))
+            .collect();
+        let batch = match batch {
+            Ok(batch) => batch,
+            Err(err) => return vec![Err(err); leases.len()],
+        };
+        let inner = Arc::clone(&self.inner);
+        // Finished even if the caller gives up, as `renew` is.
+        let renewed = finish_if_dropped(async move {
+            on_store!(&inner.store, ops => ops.renew_many(&batch).await)
+        })
+        .await;
+        match renewed {
+            Ok(renewed) => renewed.into_iter().map(Ok).collect(),
+            Err(err) => vec![Err(err); leases.len()],
+        }
     }
 
     async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {

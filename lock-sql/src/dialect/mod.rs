@@ -8,6 +8,7 @@ pub(crate) mod postgres;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
@@ -33,6 +34,10 @@ pub(crate) struct SqlText {
     pub migrate: &'static str,
     pub acquire: &'static str,
     pub renew: &'static str,
+    pub renew_many: &'static str,
+    /// Which leases of a batch are live, for dialects whose `renew_many` cannot return
+    /// the rows it renewed.
+    pub renewed: Option<&'static str>,
     pub release: &'static str,
     pub inspect: &'static str,
     pub stored_keys: &'static str,
@@ -48,10 +53,15 @@ pub(crate) struct SqlText {
 /// The [`SqlText`] of the dialect whose statement files live in `sql/<dir>/`.
 macro_rules! sql_text {
     ($dir:literal, now_ms: $now:expr, clock_ms: $clock:expr) => {
+        $crate::dialect::sql_text!($dir, now_ms: $now, clock_ms: $clock, renewed: None)
+    };
+    ($dir:literal, now_ms: $now:expr, clock_ms: $clock:expr, renewed: $renewed:expr) => {
         $crate::dialect::SqlText {
             migrate: include_str!(concat!("../../sql/", $dir, "/migrate.sql")),
             acquire: include_str!(concat!("../../sql/", $dir, "/acquire.sql")),
             renew: include_str!(concat!("../../sql/", $dir, "/renew.sql")),
+            renew_many: include_str!(concat!("../../sql/", $dir, "/renew_many.sql")),
+            renewed: $renewed,
             release: include_str!(concat!("../../sql/", $dir, "/release.sql")),
             inspect: include_str!(concat!("../../sql/", $dir, "/inspect.sql")),
             stored_keys: include_str!(concat!("../../sql/", $dir, "/stored_keys.sql")),
@@ -73,6 +83,8 @@ pub(crate) struct Statements {
     migrate: Vec<SqlStr>,
     acquire: SqlStr,
     renew: SqlStr,
+    renew_many: SqlStr,
+    renewed: Option<SqlStr>,
     release: SqlStr,
     inspect: SqlStr,
     stored_keys: SqlStr,
@@ -101,6 +113,8 @@ impl Statements {
                 .collect(),
             acquire: fill(text.acquire),
             renew: fill(text.renew),
+            renew_many: fill(text.renew_many),
+            renewed: text.renewed.map(fill),
             release: fill(text.release),
             inspect: fill(text.inspect),
             stored_keys: fill(text.stored_keys),
@@ -271,6 +285,52 @@ where
         Ok(done.rows() == 1)
     }
 
+    /// Renews a batch of leases (key, lease id, TTL in milliseconds) with one statement;
+    /// answers, in the batch's order, whether each was live and is renewed.
+    pub(crate) async fn renew_many(&self, batch: &[(LockKey, LeaseId, i64)]) -> Result<Vec<bool>> {
+        let leases = batch_json(batch);
+        let renewed = match &self.sql.renewed {
+            None => {
+                self.leases_of("renewing leases", self.sql.renew_many.clone(), leases)
+                    .await?
+            }
+            Some(renewed) => {
+                let query = sqlx::query(self.sql.renew_many.clone()).bind(leases.clone());
+                let done = self
+                    .on_connection("renewing leases", move |conn| Box::pin(query.execute(conn)))
+                    .await?;
+                // Matched rows (see `renew`): all renewed, the usual case, costs no second
+                // statement.
+                if usize::try_from(done.rows()) == Ok(batch.len()) {
+                    return Ok(vec![true; batch.len()]);
+                }
+                self.leases_of("finding the renewed leases", renewed.clone(), leases)
+                    .await?
+            }
+        };
+        Ok(batch
+            .iter()
+            .map(|(key, lease, _)| renewed.contains(&(key.as_str().to_owned(), lease.to_string())))
+            .collect())
+    }
+
+    /// Runs `sql` with the batch `leases` and collects the (key, lease id) rows it answers.
+    async fn leases_of(
+        &self,
+        doing: &str,
+        sql: SqlStr,
+        leases: String,
+    ) -> Result<HashSet<(String, String)>> {
+        let query = sqlx::query(sql).bind(leases);
+        let rows = self
+            .on_connection(doing, move |conn| Box::pin(query.fetch_all(conn)))
+            .await?;
+        rows.iter()
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+            .collect::<sqlx::Result<_>>()
+            .map_err(self.fail("reading the renewed leases"))
+    }
+
     /// Deletes the lease's row, live or expired: `None` if there was none, else whether
     /// it was live.
     pub(crate) async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<Option<bool>> {
@@ -357,6 +417,33 @@ where
     }
 }
 
+/// A batch of leases as the JSON array the dialects' `renew_many.sql` read:
+/// `[{"k": key, "l": lease id, "t": TTL in ms}, ...]`. One parameter whatever the batch's
+/// size, so each dialect has one statement text for every batch.
+fn batch_json(batch: &[(LockKey, LeaseId, i64)]) -> String {
+    let mut json = String::from("[");
+    for (n, (key, lease, ttl_ms)) in batch.iter().enumerate() {
+        if n > 0 {
+            json.push(',');
+        }
+        json.push_str("{\"k\":\"");
+        for c in key.as_str().chars() {
+            match c {
+                '"' | '\\' => {
+                    json.push('\\');
+                    json.push(c);
+                }
+                // Keys have none, but the text must be valid JSON whatever it holds.
+                c if c.is_control() => json.push_str(&format!("\\u{:04x}", u32::from(c))),
+                c => json.push(c),
+            }
+        }
+        json.push_str(&format!("\",\"l\":\"{lease}\",\"t\":{ttl_ms}}}"));
+    }
+    json.push(']');
+    json
+}
+
 /// Tokens are stored as signed 64-bit integers (the widest every dialect has) and start
 /// at 1, so a negative one means the table was tampered with.
 fn token_from(token: i64) -> Result<FencingToken> {
@@ -410,4 +497,20 @@ pub(crate) fn pool_options<DB: Database>(config: &SqlConfig) -> PoolOptions<DB> 
     PoolOptions::<DB>::new()
         .max_connections(config.pool_size)
         .acquire_timeout(config.connect_timeout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_is_json_whatever_its_keys_hold() {
+        let lease = LeaseId::from_u128(0xab);
+        let key = LockKey::new("a\"b\\c/é🔒").expect("a valid key");
+        assert_eq!(
+            batch_json(&[(key, lease, 1500)]),
+            format!(r#"[{{"k":"a\"b\\c/é🔒","l":"{lease}","t":1500}}]"#)
+        );
+        assert_eq!(batch_json(&[]), "[]");
+    }
 }

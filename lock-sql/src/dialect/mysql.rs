@@ -13,7 +13,9 @@ pub(crate) const SQL: SqlText = sql_text!(
     // fixed for one statement; SYSDATE(3) is read when evaluated (unless the server runs
     // with --sysdate-is-now).
     now_ms: "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)",
-    clock_ms: "CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED)"
+    clock_ms: "CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED)",
+    // MariaDB's UPDATE cannot return the rows it changed.
+    renewed: Some(include_str!("../../sql/mysql/renewed.sql"))
 );
 
 impl RowsAffected for MySqlQueryResult {
