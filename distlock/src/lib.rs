@@ -76,7 +76,7 @@ pub async fn connect(url: &str) -> Result<LockClient> {
     }
     #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
     if lock_sql::SCHEMES.contains(&scheme.as_str()) {
-        return Ok(LockClient::new(lock_sql::connect(url).await?));
+        return Ok(LockClient::from_dyn(lock_sql::connect(url).await?));
     }
     #[cfg(feature = "redis")]
     if lock_redis::SCHEMES.contains(&scheme.as_str()) {

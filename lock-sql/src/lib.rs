@@ -39,6 +39,16 @@ pub use config::{Dialect, SqlConfig, SqliteSynchronous, SCHEMES};
 /// [`Unavailable`](lock_core::ErrorKind::Unavailable), refused credentials
 /// [`PermissionDenied`](lock_core::ErrorKind::PermissionDenied), a missing database or a
 /// table of another shape [`Misconfigured`](lock_core::ErrorKind::Misconfigured).
-pub async fn connect(url: &str) -> lock_core::Result<SqlBackend> {
-    SqlBackend::connect(SqlConfig::from_url(url)?).await
+///
+/// Every backend crate connects the same way: `SCHEMES`, `connect(url)` and
+/// [`connect_with`] for a configuration built in code, each giving a shareable backend.
+pub async fn connect(url: &str) -> lock_core::Result<lock_core::backend::DynBackend> {
+    connect_with(&SqlConfig::from_url(url)?).await
+}
+
+/// [`connect`] with a configuration built or adjusted in code.
+pub async fn connect_with(config: &SqlConfig) -> lock_core::Result<lock_core::backend::DynBackend> {
+    Ok(std::sync::Arc::new(
+        SqlBackend::connect(config.clone()).await?,
+    ))
 }

@@ -19,8 +19,8 @@ use support::Database;
 const TTL: Duration = Duration::from_millis(1000);
 const SLACK: Duration = conformance_tests::SLACK;
 
-fn client(backend: lock_sql::SqlBackend) -> LockClient {
-    LockClient::new(backend).with_defaults(AcquireOptions {
+fn client(backend: lock_core::backend::DynBackend) -> LockClient {
+    LockClient::from_dyn(backend).with_defaults(AcquireOptions {
         ttl: TTL,
         request_timeout: Duration::from_millis(300),
         ..AcquireOptions::default()
@@ -39,7 +39,7 @@ async fn partition_longer_than_ttl(db: Database) {
             .await
             .unwrap(),
     );
-    let rival = client(db.backend().await);
+    let rival = client(std::sync::Arc::new(db.backend().await));
     let key = format!("partition/{:x}", fastrand_u64());
     let guard = holder.lock(&key).await.unwrap();
     let old_token = guard.token();
@@ -148,7 +148,7 @@ async fn partition_swallowing_answers_frees_the_pool(db: Database) {
 /// A frozen server makes a bounded lock attempt fail with a retryable "unavailable"
 /// within its bound; once the server runs again, locking works.
 async fn frozen_server(db: Database) {
-    let locker = client(db.backend().await);
+    let locker = client(std::sync::Arc::new(db.backend().await));
     let key = format!("frozen/{:x}", fastrand_u64());
     let held = locker.lock(&key).await.unwrap();
     held.release().await.unwrap();
@@ -175,7 +175,7 @@ async fn frozen_server(db: Database) {
 async fn killed_and_restarted(mut db: Database) {
     let key = format!("restart/{:x}", fastrand_u64());
     let before = {
-        let locker = client(db.backend().await);
+        let locker = client(std::sync::Arc::new(db.backend().await));
         let mut last = locker.lock(&key).await.unwrap().token();
         for _ in 0..5 {
             let guard = locker.lock(format!("{key}/other")).await.unwrap();
@@ -195,7 +195,7 @@ async fn killed_and_restarted(mut db: Database) {
     };
     db.server.as_mut().unwrap().restart().await.unwrap();
     let observer = db.backend().await;
-    let locker = client(observer.clone());
+    let locker = client(std::sync::Arc::new(observer.clone()));
     let info = eventually(
         Duration::from_secs(10),
         "the restarted server answers",

@@ -122,9 +122,8 @@ async fn renewals_are_batched(db: Database) {
     let table = format!("batch_{:x}", fastrand::u64(..));
     let batched = format!("UPDATE {table} AS held");
     let single = format!("UPDATE {table} SET");
-    let backend = lock_sql::connect(&db.url_with(&format!("table={table}")))
-        .await
-        .unwrap();
+    let config = lock_sql::SqlConfig::from_url(&db.url_with(&format!("table={table}"))).unwrap();
+    let backend = lock_sql::SqlBackend::connect(config).await.unwrap();
     let client = LockClient::new(backend.clone()).with_defaults(AcquireOptions {
         ttl: TTL,
         ..AcquireOptions::default()

@@ -84,14 +84,18 @@ impl Database {
     }
 
     pub async fn backend(&self) -> SqlBackend {
-        lock_sql::connect(&self.url).await.unwrap()
+        SqlBackend::connect(lock_sql::SqlConfig::from_url(&self.url).unwrap())
+            .await
+            .unwrap()
     }
 
     /// A conformance factory over this database (taking ownership of it).
     pub async fn into_factory(self) -> Result<Arc<dyn BackendFactory>, String> {
-        let observer = lock_sql::connect(&self.url)
-            .await
-            .map_err(|e| format!("connecting to {}: {e}", self.name))?;
+        let observer = SqlBackend::connect(
+            lock_sql::SqlConfig::from_url(&self.url).map_err(|e| format!("{}: {e}", self.name))?,
+        )
+        .await
+        .map_err(|e| format!("connecting to {}: {e}", self.name))?;
         Ok(Arc::new(SqlFactory { db: self, observer }))
     }
 }
