@@ -67,14 +67,7 @@ async fn grant_after_a_long_lock_wait_is_not_born_expired(db: Database) {
     let key = key("long-wait");
     let mut other = RawConnection::open(&db).await;
     other.run("BEGIN").await;
-    other
-        .run(&format!(
-            "INSERT INTO distlock_locks (lock_key, lease_id, token, expires_at) \
-             VALUES ('{}', '{}', 1, 0)",
-            key.as_str(),
-            LeaseId::random()
-        ))
-        .await;
+    insert_expired_row(&mut other, &key, "1").await;
     let lease = LeaseId::random();
     let attempt = tokio::spawn({
         let backend = backend.clone();
@@ -148,22 +141,8 @@ async fn takeover_token_is_drawn_under_the_row_lock(db: Database) {
     let backend = db.backend().await;
     let key = key("token-order");
     let mut setup = RawConnection::open(&db).await;
-    setup
-        .run(&format!(
-            "INSERT INTO distlock_locks (lock_key, lease_id, token, expires_at) \
-             VALUES ('{}', '{}', nextval('distlock_locks_tokens'), 0)",
-            key.as_str(),
-            LeaseId::random()
-        ))
-        .await;
-    let mut rival = RawConnection::open(&db).await;
-    rival.run("BEGIN").await;
-    rival
-        .run(&format!(
-            "SELECT 1 FROM distlock_locks WHERE lock_key = '{}' FOR UPDATE",
-            key.as_str()
-        ))
-        .await;
+    insert_expired_row(&mut setup, &key, "nextval('distlock_locks_tokens')").await;
+    let mut rival = lock_row(&db, &key).await;
     let lease = LeaseId::random();
     let attempt = tokio::spawn({
         let backend = backend.clone();
@@ -247,22 +226,8 @@ async fn acquire_abandoned_in_a_row_lock_wait_leaves_nothing_held(db: Database) 
     let observer = db.backend().await;
     let faulty = FaultyBackend::new(Arc::new(db.backend().await));
     let mut setup = RawConnection::open(&db).await;
-    setup
-        .run(&format!(
-            "INSERT INTO distlock_locks (lock_key, lease_id, token, expires_at) \
-             VALUES ('{}', '{}', 1, 0)",
-            key.as_str(),
-            LeaseId::random()
-        ))
-        .await;
-    let mut other = RawConnection::open(&db).await;
-    other.run("BEGIN").await;
-    other
-        .run(&format!(
-            "SELECT 1 FROM distlock_locks WHERE lock_key = '{}' FOR UPDATE",
-            key.as_str()
-        ))
-        .await;
+    insert_expired_row(&mut setup, &key, "1").await;
+    let mut other = lock_row(&db, &key).await;
     let request_timeout = Duration::from_millis(300);
     let client = LockClient::from_dyn(faulty.clone()).with_defaults(AcquireOptions {
         ttl: Duration::from_secs(60),
@@ -410,14 +375,7 @@ async fn postgres_tokens_follow_grants_when_an_insert_stalls() {
     let ttl = Duration::from_secs(30);
     let mut other = RawConnection::open(&db).await;
     other.run("BEGIN").await;
-    other
-        .run(&format!(
-            "INSERT INTO distlock_locks (lock_key, lease_id, token, expires_at) \
-             VALUES ('{}', '{}', 1, 0)",
-            key.as_str(),
-            LeaseId::random()
-        ))
-        .await;
+    insert_expired_row(&mut other, &key, "1").await;
     let (stalled_lease, rival_lease) = (LeaseId::random(), LeaseId::random());
     let stalled = tokio::spawn({
         let backend = backend.clone();
@@ -460,4 +418,28 @@ async fn postgres_tokens_follow_grants_when_an_insert_stalls() {
         .unwrap_or(None);
     assert_eq!(rival_later, None, "the rival was granted a held key");
     backend.release(&key, stalled_lease).await.unwrap();
+}
+
+/// Writes the row of an expired lease of `key` (another holder's, long gone) with the
+/// token the SQL expression `token` gives.
+async fn insert_expired_row(conn: &mut RawConnection, key: &LockKey, token: &str) {
+    conn.run(&format!(
+        "INSERT INTO distlock_locks (lock_key, lease_id, token, expires_at) \
+         VALUES ('{}', '{}', {token}, 0)",
+        key.as_str(),
+        LeaseId::random()
+    ))
+    .await;
+}
+
+/// A connection whose open transaction holds the row lock of `key` until it ends.
+async fn lock_row(db: &Database, key: &LockKey) -> RawConnection {
+    let mut conn = RawConnection::open(db).await;
+    conn.run("BEGIN").await;
+    conn.run(&format!(
+        "SELECT 1 FROM distlock_locks WHERE lock_key = '{}' FOR UPDATE",
+        key.as_str()
+    ))
+    .await;
+    conn
 }
