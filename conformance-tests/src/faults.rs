@@ -66,7 +66,7 @@ struct Rule {
 }
 
 /// Wraps any backend and injects [`Fault`]s per [`Op`]; also counts calls per operation,
-/// so scenarios can prove that nothing reached the store (bad input) or that a watchdog
+/// so scenarios can prove that nothing reached the store (bad input) or that renewal
 /// stopped (no renewals after release).
 #[derive(Debug)]
 pub struct FaultyBackend {

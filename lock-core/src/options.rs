@@ -30,7 +30,8 @@ impl Wait {
 /// Who keeps a held lease alive.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Renewal {
-    /// A watchdog renews at a third of the TTL until the guard is released or dropped.
+    /// The client's renewal engine keeps the lease alive (renewing at a third of the TTL,
+    /// or following its session) until the guard is released or dropped.
     Auto,
     /// The holder calls [`LockGuard::renew`](crate::LockGuard::renew) itself.
     Manual,

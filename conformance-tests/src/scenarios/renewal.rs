@@ -1,4 +1,4 @@
-//! The watchdog: renewal keeps a lock, stops with the guard, and signals loss in time.
+//! Renewal: it keeps a lock, stops with the guard, and signals loss in time.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -57,7 +57,7 @@ pub async fn renewal_keeps_lock_across_ten_ttls(ctx: &Ctx) -> Outcome {
     Ok(())
 }
 
-/// After release, and after drop, the watchdog sends no renewal.
+/// After release, and after drop, no renewal is sent.
 pub async fn no_zombie_renewal_after_release(ctx: &Ctx) -> Outcome {
     let ttl = ctx.short_ttl();
     let (client, faulty) = ctx.faulty_client().await?;
@@ -69,7 +69,7 @@ pub async fn no_zombie_renewal_after_release(ctx: &Ctx) -> Outcome {
         });
         let guard = client.lock(&key).ttl(ttl).await?;
         let before = faulty.calls(Op::Renew);
-        eventually(ttl * 2, "the watchdog renews", || async {
+        eventually(ttl * 2, "the lease is renewed", || async {
             Ok(faulty.calls(Op::Renew) > before)
         })
         .await?;
