@@ -36,6 +36,17 @@ fn request(key: &LockKey, ttl: Duration, lease: LeaseId) -> AcquireRequest {
     AcquireRequest::new(key.clone(), ttl, DRIFT).with_lease_id(lease)
 }
 
+/// One acquisition attempt in a task of its own (it may wait on a lock the test holds).
+fn spawn_attempt(
+    backend: &lock_sql::SqlBackend,
+    key: &LockKey,
+    ttl: Duration,
+    lease: LeaseId,
+) -> tokio::task::JoinHandle<lock_core::Result<Option<FencingToken>>> {
+    let (backend, request) = (backend.clone(), request(key, ttl, lease));
+    tokio::spawn(async move { attempt(&backend, &request).await })
+}
+
 /// One acquisition attempt, answering the granted token.
 async fn attempt(
     backend: &impl LockBackend,
@@ -69,11 +80,7 @@ async fn grant_after_a_long_lock_wait_is_not_born_expired(db: Database) {
     other.run("BEGIN").await;
     insert_expired_row(&mut other, &key, "1").await;
     let lease = LeaseId::random();
-    let attempt = tokio::spawn({
-        let backend = backend.clone();
-        let request = request(&key, TTL, lease);
-        async move { attempt(&backend, &request).await }
-    });
+    let attempt = spawn_attempt(&backend, &key, TTL, lease);
     blocked_session(&db).await;
     let held_from = Instant::now();
     tokio::time::sleep(HOLD).await;
@@ -107,11 +114,7 @@ async fn grant_after_a_long_counter_wait_is_not_handed_out_expired(db: Database)
         .run("UPDATE distlock_locks_tokens SET last_token = last_token WHERE id = 1")
         .await;
     let lease = LeaseId::random();
-    let attempt = tokio::spawn({
-        let backend = backend.clone();
-        let request = request(&key, TTL, lease);
-        async move { attempt(&backend, &request).await }
-    });
+    let attempt = spawn_attempt(&backend, &key, TTL, lease);
     blocked_session(&db).await;
     tokio::time::sleep(HOLD).await;
     other.run("COMMIT").await;
@@ -144,11 +147,7 @@ async fn takeover_token_is_drawn_under_the_row_lock(db: Database) {
     insert_expired_row(&mut setup, &key, "nextval('distlock_locks_tokens')").await;
     let mut rival = lock_row(&db, &key).await;
     let lease = LeaseId::random();
-    let attempt = tokio::spawn({
-        let backend = backend.clone();
-        let request = request(&key, Duration::from_secs(30), lease);
-        async move { attempt(&backend, &request).await }
-    });
+    let attempt = spawn_attempt(&backend, &key, Duration::from_secs(30), lease);
     blocked_session(&db).await;
     let RawConnection::Postgres(conn) = &mut rival else {
         unreachable!()
@@ -377,18 +376,10 @@ async fn postgres_tokens_follow_grants_when_an_insert_stalls() {
     other.run("BEGIN").await;
     insert_expired_row(&mut other, &key, "1").await;
     let (stalled_lease, rival_lease) = (LeaseId::random(), LeaseId::random());
-    let stalled = tokio::spawn({
-        let backend = backend.clone();
-        let request = request(&key, ttl, stalled_lease);
-        async move { attempt(&backend, &request).await }
-    });
+    let stalled = spawn_attempt(&backend, &key, ttl, stalled_lease);
     let frozen = Frozen::stop(blocked_session(&db).await);
     other.run("ROLLBACK").await;
-    let mut rival = tokio::spawn({
-        let backend = backend.clone();
-        let request = request(&key, ttl, rival_lease);
-        async move { attempt(&backend, &request).await }
-    });
+    let mut rival = spawn_attempt(&backend, &key, ttl, rival_lease);
     let rival_first = match tokio::time::timeout(Duration::from_millis(500), &mut rival).await {
         Ok(granted) => {
             let token = granted.unwrap().unwrap();

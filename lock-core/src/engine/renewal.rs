@@ -728,45 +728,14 @@ mod tests {
         }
     }
 
-    /// A backend that says when it is dropped.
-    #[derive(Debug)]
-    struct Dropped(MemoryBackend, Arc<std::sync::atomic::AtomicBool>);
-
-    impl Drop for Dropped {
-        fn drop(&mut self) {
-            self.1.store(true, Ordering::SeqCst);
-        }
-    }
-
-    #[async_trait]
-    impl LockBackend for Dropped {
-        fn name(&self) -> &'static str {
-            "dropped"
-        }
-        fn capabilities(&self) -> &Capabilities {
-            self.0.capabilities()
-        }
-        async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
-            self.0.try_acquire(request).await
-        }
-        async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
-            self.0.renew(key, lease_id, ttl).await
-        }
-        async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
-            self.0.release(key, lease_id).await
-        }
-        async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
-            self.0.inspect(key).await
-        }
-    }
-
     /// A released lease does not keep its client (and the client's connections) alive
     /// until the engine's next renewal moment: once the client is gone too, the engine
     /// ends and lets go of the backend.
     #[tokio::test]
     async fn a_dropped_client_with_released_leases_lets_go_of_its_backend() {
-        let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let client = LockClient::new(Dropped(MemoryBackend::new(), dropped.clone()));
+        let backend: crate::backend::DynBackend = Arc::new(MemoryBackend::new());
+        let alive = Arc::downgrade(&backend);
+        let client = LockClient::from_dyn(backend);
         for manual in [false, true] {
             let request = client
                 .lock(format!("k{manual}"))
@@ -781,7 +750,7 @@ mod tests {
         let _dropped_guard = client.lock("dropped").await.unwrap();
         drop(_dropped_guard);
         drop(client);
-        wait_until(|| dropped.load(Ordering::SeqCst)).await;
+        wait_until(|| alive.strong_count() == 0).await;
     }
 
     /// Polls a condition with a deadline (an event with no notification to wait on).
