@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_core::backend::{
-    AcquireRequest, DynBackend, Grant, HolderInfo, KeyWatch, LeaseRenewal, LockBackend, Turn,
+    AcquireRequest, Change, DynBackend, Grant, HolderInfo, KeyWatch, LeaseRenewal, LockBackend,
+    Turn,
 };
 use lock_core::{async_trait, Capabilities, Error, ErrorKind, LeaseId, LockKey, Result};
 
@@ -251,7 +252,7 @@ struct SilentWatch;
 
 #[async_trait]
 impl KeyWatch for SilentWatch {
-    async fn changed(&mut self) -> Result<()> {
+    async fn changed(&mut self) -> Result<Change> {
         std::future::pending().await
     }
 }

@@ -373,7 +373,7 @@ impl LockBackend for SqlBackend {
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {
         #[cfg(feature = "postgres")]
         if let Some(notifier) = self.notifier() {
-            return Ok(Some(notifier.subscribe(key.as_str()).await));
+            return Ok(Some(notifier.subscribe(key.as_str())));
         }
         let _ = key;
         Ok(None)

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use tokio::sync::{watch, Notify};
 
 use crate::backend::lock_unpoisoned as lock;
-use crate::backend::KeyWatch;
+use crate::backend::{Change, KeyWatch};
 use crate::error::{Error, ErrorKind, Result};
 
 /// Where a backend announces releases and its waiters subscribe.
@@ -108,15 +108,15 @@ struct FeedWatch {
 
 #[async_trait]
 impl KeyWatch for FeedWatch {
-    async fn changed(&mut self) -> Result<()> {
+    async fn changed(&mut self) -> Result<Change> {
         tokio::select! {
             () = self.waiter.wake.notified() => {
                 self.waiter.woken.store(false, Ordering::SeqCst);
-                Ok(())
+                Ok(Change::Released)
             }
-            changed = self.everyone.changed() => changed.map_err(|_| {
-                Error::new(ErrorKind::Internal, "the release feed was shut down")
-            }),
+            changed = self.everyone.changed() => changed
+                .map(|()| Change::LookAgain)
+                .map_err(|_| Error::new(ErrorKind::Internal, "the release feed was shut down")),
         }
     }
 }

@@ -131,12 +131,24 @@ pub struct LeaseRenewal {
     pub ttl: Duration,
 }
 
+/// Why a [`KeyWatch`] woke its waiter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// The store announced a release of the key.
+    Released,
+    /// Releases may have gone unheard (the backend's listener was down, or has just
+    /// subscribed again): look again. Not a release that someone else won, so the waiter
+    /// does not treat a failed attempt after it as contention.
+    LookAgain,
+}
+
 /// Notifications that a key may have become free. Spurious wake-ups are allowed; missed
 /// ones are covered by the waiter's fallback poll.
 #[async_trait]
 pub trait KeyWatch: Send {
-    /// Resolves when the key may have changed since the watch began or since the last call.
-    async fn changed(&mut self) -> Result<()>;
+    /// Resolves when the key may have changed since the watch began or since the last
+    /// call, saying why.
+    async fn changed(&mut self) -> Result<Change>;
 }
 
 /// The primitive operations of one store; the only trait a backend crate implements.

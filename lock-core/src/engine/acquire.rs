@@ -170,27 +170,46 @@ impl Drop for AbandonedAttempt {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{Capabilities, Grant, HolderInfo, KeyWatch, LockBackend};
+    use crate::backend::{Capabilities, Grant, HolderInfo, KeyWatch, LockBackend, ReleaseFeed};
     use crate::{AcquireOptions, LockClient, MemoryBackend};
     use std::future::IntoFuture;
+    use std::sync::atomic::{AtomicU64, Ordering};
 
-    /// A store reached over a slow link: each acquisition lands 50 ms after it was sent,
-    /// whether or not the caller still waits for the reply.
+    /// The memory store behind a link whose acquisitions land `land_after` after they
+    /// were sent (whether or not the caller still waits for the reply), announcing
+    /// releases through a feed the test can also wake by hand; it counts attempts.
     #[derive(Debug)]
-    struct LateLanding(MemoryBackend);
+    struct TestLink {
+        store: MemoryBackend,
+        land_after: Duration,
+        feed: ReleaseFeed,
+        attempts: AtomicU64,
+    }
+
+    impl TestLink {
+        fn new(store: MemoryBackend, land_after: Duration) -> Arc<Self> {
+            Arc::new(TestLink {
+                store,
+                land_after,
+                feed: ReleaseFeed::new(),
+                attempts: AtomicU64::new(0),
+            })
+        }
+    }
 
     #[async_trait::async_trait]
-    impl LockBackend for LateLanding {
+    impl LockBackend for TestLink {
         fn name(&self) -> &'static str {
-            "late-landing"
+            "test-link"
         }
         fn capabilities(&self) -> &Capabilities {
-            self.0.capabilities()
+            self.store.capabilities()
         }
         async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
-            let (store, request) = (self.0.clone(), request.clone());
+            self.attempts.fetch_add(1, Ordering::SeqCst);
+            let (store, request, delay) = (self.store.clone(), request.clone(), self.land_after);
             let landing = tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                tokio::time::sleep(delay).await;
                 store.try_acquire(&request).await
             });
             landing
@@ -198,23 +217,70 @@ mod tests {
                 .map_err(|e| Error::new(ErrorKind::Internal, e.to_string()))?
         }
         async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
-            self.0.renew(key, lease_id, ttl).await
+            self.store.renew(key, lease_id, ttl).await
         }
         async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
-            self.0.release(key, lease_id).await
+            let released = self.store.release(key, lease_id).await;
+            self.feed.released(key.as_str());
+            released
         }
         async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
-            self.0.inspect(key).await
+            self.store.inspect(key).await
         }
         async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {
-            self.0.watch(key).await
+            Ok(Some(self.feed.watch(key.as_str())))
+        }
+    }
+
+    /// "Look again" wake-ups (a listener that re-subscribed) that find the key still held
+    /// are not contention: the waiter acts on the next release at once, not after a
+    /// backoff pause.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn look_again_wake_ups_do_not_delay_the_next_release() {
+        let link = TestLink::new(MemoryBackend::new(), Duration::ZERO);
+        let holder = LockClient::from_dyn(link.clone());
+        // Pauses after contended wake-ups, and the fallback poll, would both be seconds.
+        let waiter = LockClient::from_dyn(link.clone()).with_defaults(AcquireOptions {
+            backoff: crate::Backoff {
+                initial: Duration::from_secs(5),
+                max: Duration::from_secs(10),
+            },
+            ..AcquireOptions::default()
+        });
+        for round in 0..3 {
+            let guard = holder.lock("k").await.unwrap();
+            let before = link.attempts.load(Ordering::SeqCst);
+            let waiting = tokio::spawn(waiter.lock("k").into_future());
+            for wake in 1..=3 {
+                wait_until(|| link.attempts.load(Ordering::SeqCst) >= before + wake).await;
+                link.feed.wake_all();
+            }
+            wait_until(|| link.attempts.load(Ordering::SeqCst) >= before + 4).await;
+            let released = Instant::now();
+            guard.release().await.unwrap();
+            let got = tokio::time::timeout(Duration::from_secs(1), waiting)
+                .await
+                .unwrap_or_else(|_| panic!("round {round}: the release was not acted on at once"))
+                .unwrap()
+                .unwrap();
+            assert!(released.elapsed() < Duration::from_secs(1));
+            got.release().await.unwrap();
+        }
+    }
+
+    async fn wait_until(mut check: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !check() {
+            assert!(Instant::now() < deadline, "not true within 5 s");
+            tokio::time::sleep(Duration::from_millis(2)).await;
         }
     }
 
     #[tokio::test]
     async fn an_acquisition_landing_after_its_cleanup_is_released_again() {
         let store = MemoryBackend::new();
-        let client = LockClient::new(LateLanding(store.clone())).with_defaults(AcquireOptions {
+        let link = TestLink::new(store.clone(), Duration::from_millis(50));
+        let client = LockClient::from_dyn(link).with_defaults(AcquireOptions {
             ttl: Duration::from_secs(60),
             request_timeout: Duration::from_millis(200),
             ..AcquireOptions::default()

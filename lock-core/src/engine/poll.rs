@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use tokio::time::{sleep_until, Instant as TokioInstant};
 
-use crate::backend::KeyWatch;
+use crate::backend::{Change, KeyWatch};
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::LockKey;
 use crate::lease::Lease;
@@ -117,17 +117,23 @@ where
                 let jittered = max / 2 + (max / 2).mul_f64(fastrand::f64());
                 let fallback = bounded(saturating_add(now, jittered));
                 tokio::select! {
-                    changed = changes.changed() => {
-                        if let Err(err) = changed {
+                    changed = changes.changed() => match changed {
+                        Err(err) => {
                             tracing::debug!(error = %err, "notification stream ended; polling instead");
                             watch = None;
-                        } else if woken_in_vain > 0 && wakes == Wakes::Herd {
-                            let pause = wait.backoff.pause(woken_in_vain - 1);
-                            let resume = bounded(saturating_add(Instant::now(), pause));
-                            sleep_until(TokioInstant::from_std(resume)).await;
                         }
-                        woken_in_vain = woken_in_vain.saturating_add(1);
-                    }
+                        // Not a release someone else won: attempt at once, and a failure
+                        // after it says nothing about contention.
+                        Ok(Change::LookAgain) => {}
+                        Ok(Change::Released) => {
+                            if woken_in_vain > 0 && wakes == Wakes::Herd {
+                                let pause = wait.backoff.pause(woken_in_vain - 1);
+                                let resume = bounded(saturating_add(Instant::now(), pause));
+                                sleep_until(TokioInstant::from_std(resume)).await;
+                            }
+                            woken_in_vain = woken_in_vain.saturating_add(1);
+                        }
+                    },
                     () = sleep_until(TokioInstant::from_std(fallback)) => {}
                 }
             }

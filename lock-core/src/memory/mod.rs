@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 
 use crate::backend::{
-    lock_unpoisoned as lock, AcquireRequest, Capabilities, Grant, HolderInfo, KeyWatch, Liveness,
-    LockBackend, ReleaseFeed, Turn,
+    lock_unpoisoned as lock, AcquireRequest, Capabilities, Change, Grant, HolderInfo, KeyWatch,
+    Liveness, LockBackend, ReleaseFeed, Turn,
 };
 use crate::error::{Error, Result};
 use crate::key::LockKey;
@@ -486,8 +486,8 @@ struct TurnWatch(Arc<Notify>);
 
 #[async_trait]
 impl KeyWatch for TurnWatch {
-    async fn changed(&mut self) -> Result<()> {
+    async fn changed(&mut self) -> Result<Change> {
         self.0.notified().await;
-        Ok(())
+        Ok(Change::Released)
     }
 }

@@ -1,12 +1,11 @@
 //! PostgreSQL, with waiters woken by LISTEN/NOTIFY.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use lock_core::backend::{supervise_listener, KeyWatch, ListenerLink, ListenerTask, ReleaseFeed};
 use lock_core::{Error, LockKey, Result};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgQueryResult};
 use sqlx::{AssertSqlSafe, Pool, Postgres, Row, SqlSafeStr, SqlStr};
-use tokio::sync::watch;
 
 use super::{channel, pool_options, server_options, sql_text, Ops, RowsAffected, SqlText};
 use crate::config::{Dialect, SqlConfig};
@@ -129,7 +128,6 @@ impl Listener {
 #[derive(Debug)]
 pub(crate) struct Notifier {
     releases: ReleaseFeed,
-    listening: watch::Receiver<bool>,
     _listener: ListenerTask,
 }
 
@@ -137,46 +135,25 @@ impl Notifier {
     /// Starts the listener; must be called inside a tokio runtime.
     fn start(pool: Pool<Postgres>, channel: String) -> Self {
         let releases = ReleaseFeed::new();
-        let (listening_tx, listening) = watch::channel(false);
-        let listening_tx = Arc::new(listening_tx);
         let listener = supervise_listener("postgres LISTEN", releases.clone(), move |link| {
-            listen(
-                pool.clone(),
-                channel.clone(),
-                link,
-                Arc::clone(&listening_tx),
-            )
+            listen(pool.clone(), channel.clone(), link)
         });
         Notifier {
             releases,
-            listening,
             _listener: listener,
         }
     }
 
-    /// A subscription for `key`, made once the LISTEN is in place.
-    ///
-    /// A watch made earlier would be woken when the LISTEN comes up (every waiter looks
-    /// again then, in case it missed a release): a wake-up in vain, after which the core
-    /// pauses before acting on the next one. Waiting costs no release: the core attempts
-    /// again as soon as the subscription is made, and polls while it is not.
-    pub(crate) async fn subscribe(&self, key: &str) -> Box<dyn KeyWatch> {
-        // An error means the listener is gone; the watch then only gets the poll.
-        let _ = self.listening.clone().wait_for(|up| *up).await;
+    /// A subscription for `key`. A watch made before the LISTEN is in place is woken to
+    /// look again when it comes up, so no release in between is missed.
+    pub(crate) fn subscribe(&self, key: &str) -> Box<dyn KeyWatch> {
         self.releases.watch(key)
     }
 }
 
 /// One run of the listener: LISTEN on a new connection, then hand every notification (its
 /// payload is the released key) to the feed until the connection fails.
-async fn listen(
-    pool: Pool<Postgres>,
-    channel: String,
-    link: ListenerLink,
-    listening: Arc<watch::Sender<bool>>,
-) -> Result<()> {
-    // Still set after the previous run's connection failed.
-    listening.send_replace(false);
+async fn listen(pool: Pool<Postgres>, channel: String, link: ListenerLink) -> Result<()> {
     let failed = |doing: &'static str| move |err| map(Dialect::Postgres, doing, err);
     let mut listener = PgListener::connect_with(&pool)
         .await
@@ -190,7 +167,6 @@ async fn listen(
         .map_err(failed("listening for releases"))?;
     // Waiters already watching look again; those that subscribe from now on need not.
     link.subscribed();
-    listening.send_replace(true);
     loop {
         match listener.try_recv().await {
             Ok(Some(notification)) => link.feed().released(notification.payload()),
