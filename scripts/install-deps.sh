@@ -13,6 +13,11 @@ needed=(
   "/usr/include/openssl/ssl.h libssl-dev"
   "/usr/bin/pkg-config pkg-config"
   "/usr/bin/openssl openssl"
+  "/usr/bin/etcd etcd-server"
+  "/usr/bin/etcdctl etcd-client"
+  "/usr/share/java/zookeeper-3*.jar zookeeper"
+  "/usr/bin/protoc protobuf-compiler"
+  "/usr/include/google/protobuf/timestamp.proto libprotobuf-dev"
 )
 
 missing=()
@@ -23,12 +28,19 @@ for pair in "${needed[@]}"; do
     missing+=("$package")
   fi
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
-
-if [ "$(id -u)" -ne 0 ]; then
-  echo "missing packages: ${missing[*]}; run as root to install them" >&2
-  exit 1
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "missing packages: ${missing[*]}; run as root to install them" >&2
+    exit 1
+  fi
+  echo "installing: ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-echo "installing: ${missing[*]}"
-apt-get update -qq
-DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+
+# kazoo (PyPI): a ZooKeeper client nobody here wrote, which lock-zk's interoperability
+# test contends with.
+if ! python3 -c 'import kazoo' 2>/dev/null; then
+  echo "installing: kazoo (PyPI)"
+  python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore 'kazoo>=2.10,<3'
+fi

@@ -4,19 +4,17 @@
 //! Run with `cargo bench -p distlock-benches --bench redis`.
 #![allow(clippy::unwrap_used)]
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use conformance_tests::store_process::{StoreProcess, StoreSpec};
-use distlock_benches::{report, sample, Sample};
+use distlock_benches::{
+    acquired, distinct_keys, one_key, one_key_library, report, sample, wait_for_next_holder, Sample,
+};
 use lock_core::backend::LeaseRenewal;
 use lock_core::{AcquireOptions, LockClient, Renewal};
-use tokio::sync::watch;
-use tokio::task::JoinSet;
 
 const RUNS: usize = 2000;
 const TTL: Duration = Duration::from_secs(30);
-const CONTENDED_FOR: Duration = Duration::from_secs(3);
 
 /// The usual hand-written lock: SET NX PX, and a compare-and-delete script to release.
 const COMPARE_AND_DELETE: &str =
@@ -45,8 +43,15 @@ async fn main() {
         ratio(&peer, &raw)
     );
 
-    distinct_keys(&url).await;
-    one_key_library(&url).await;
+    // Closed before the runs that follow, so its session does not linger into them.
+    let client = library_client(&url, Renewal::Auto).await;
+    distinct_keys("lock-redis 16 tasks, distinct keys", &client, 16, 500).await;
+    drop(client);
+    one_key_library("lock-redis 8 tasks, one key", || {
+        let url = url.clone();
+        async move { library_client(&url, Renewal::Auto).await }
+    })
+    .await;
     one_key_rslock(&url).await;
     renew_many(&url).await;
 }
@@ -124,132 +129,6 @@ async fn rslock_cycle(url: &str) -> Sample {
         }
     })
     .await
-}
-
-/// 16 tasks, each locking and releasing its own key in a loop.
-async fn distinct_keys(url: &str) {
-    let client = library_client(url, Renewal::Auto).await;
-    let per_task = 500;
-    let started = Instant::now();
-    let mut tasks = JoinSet::new();
-    for task in 0..16 {
-        let client = client.clone();
-        tasks.spawn(async move {
-            let key = format!("bench/distinct/{task}");
-            for _ in 0..per_task {
-                let guard = client.try_lock(&key).await.unwrap();
-                guard.release().await.unwrap();
-            }
-        });
-    }
-    while let Some(done) = tasks.join_next().await {
-        done.unwrap();
-    }
-    let elapsed = started.elapsed();
-    println!(
-        "{:<45} {:>10.0} cycles/s  ({} cycles in {elapsed:.2?})",
-        "lock-redis 16 tasks, distinct keys",
-        (16 * per_task) as f64 / elapsed.as_secs_f64(),
-        16 * per_task
-    );
-}
-
-/// Acquisitions and release-to-next-holder latencies of tasks contending for one key.
-#[derive(Default)]
-struct Handovers {
-    last_release: Option<(usize, Instant)>,
-    latencies: Vec<Duration>,
-    acquisitions: usize,
-}
-
-impl Handovers {
-    fn acquired(&mut self, task: usize) {
-        self.acquisitions += 1;
-        if let Some((by, at)) = self.last_release.take() {
-            if by != task {
-                self.latencies.push(at.elapsed());
-            }
-        }
-    }
-
-    fn print(mut self, name: &str, elapsed: Duration) {
-        self.latencies.sort();
-        let at = |q: usize| {
-            self.latencies
-                .get(self.latencies.len() * q / 100)
-                .copied()
-                .unwrap_or_default()
-        };
-        let (median, p90) = (at(50), at(90));
-        let seconds = elapsed.as_secs_f64();
-        println!(
-            "{name:<45} {:>8.0} handovers/s (holder changed), {:>8.0} acquisitions/s, \
-             release-to-next-holder median {median:.2?} p90 {p90:.2?}",
-            self.latencies.len() as f64 / seconds,
-            self.acquisitions as f64 / seconds,
-        );
-    }
-}
-
-/// Records an acquisition by `task` and marks the release that follows at once; returns
-/// the acquisition's number.
-fn acquired(stats: &Mutex<Handovers>, count: &watch::Sender<usize>, task: usize) -> usize {
-    let mut stats = stats.lock().unwrap();
-    stats.acquired(task);
-    stats.last_release = Some((task, Instant::now()));
-    count.send_replace(stats.acquisitions);
-    stats.acquisitions
-}
-
-/// A task that just released waits for another holder before it contends again, so every
-/// acquisition is a handover to a waiter (as between processes that each lock now and then),
-/// not the releaser winning its own key back.
-async fn wait_for_next_holder(count: &watch::Sender<usize>, mine: usize, deadline: Instant) {
-    let mut changes = count.subscribe();
-    let _ = tokio::time::timeout_at(deadline.into(), changes.wait_for(|n| *n > mine)).await;
-}
-
-/// Eight tasks contend for one key for `CONTENDED_FOR`, each handing the key over before
-/// it competes again; `task` builds one contender's loop from its index, the shared
-/// statistics and the deadline.
-async fn one_key<F, Fut>(name: &str, task: F)
-where
-    F: Fn(usize, Arc<Mutex<Handovers>>, Arc<watch::Sender<usize>>, Instant) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let stats = Arc::new(Mutex::new(Handovers::default()));
-    let count = Arc::new(watch::channel(0usize).0);
-    let deadline = Instant::now() + CONTENDED_FOR;
-    let started = Instant::now();
-    let mut tasks = JoinSet::new();
-    for index in 0..8 {
-        tasks.spawn(task(index, stats.clone(), count.clone(), deadline));
-    }
-    while let Some(done) = tasks.join_next().await {
-        done.unwrap();
-    }
-    let stats = Arc::try_unwrap(stats).ok().unwrap().into_inner().unwrap();
-    stats.print(name, started.elapsed());
-}
-
-async fn one_key_library(url: &str) {
-    one_key(
-        "lock-redis 8 tasks, one key",
-        |task, stats, count, deadline| {
-            let url = url.to_string();
-            async move {
-                // A client per task, as separate processes would have.
-                let client = library_client(&url, Renewal::Auto).await;
-                while Instant::now() < deadline {
-                    let guard = client.lock("bench/one-key").await.unwrap();
-                    let mine = acquired(&stats, &count, task);
-                    guard.release().await.unwrap();
-                    wait_for_next_holder(&count, mine, deadline).await;
-                }
-            }
-        },
-    )
-    .await;
 }
 
 async fn one_key_rslock(url: &str) {

@@ -1,14 +1,14 @@
 //! A backend wrapper that injects faults per operation: delays, failures, silence, and
 //! requests the store applies whose replies are lost.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_core::backend::{
     AcquireRequest, Change, DynBackend, Grant, HolderInfo, KeyWatch, LeaseRenewal, LockBackend,
-    Turn,
+    Record, Turn,
 };
 use lock_core::{async_trait, Capabilities, Error, ErrorKind, LeaseId, LockKey, Result};
 
@@ -19,7 +19,7 @@ pub enum Op {
     Acquire,
     /// A fair queue's `enqueue` and `leave_queue`.
     Queue,
-    /// `renew` and `renew_many` (one call per batch).
+    /// `renew`, `renew_many` (one call per batch) and `expire_in`.
     Renew,
     /// `release`.
     Release,
@@ -27,15 +27,18 @@ pub enum Op {
     Inspect,
     /// `watch` and `watch_turn`, and the notifications they deliver.
     Watch,
+    /// `read_record` and `write_record` (idempotency records).
+    Record,
 }
 
-const OPS: [Op; 6] = [
+const OPS: [Op; 7] = [
     Op::Acquire,
     Op::Queue,
     Op::Renew,
     Op::Release,
     Op::Inspect,
     Op::Watch,
+    Op::Record,
 ];
 
 /// What happens to a targeted operation.
@@ -73,11 +76,13 @@ struct Rule {
 pub struct FaultyBackend {
     inner: DynBackend,
     rules: Mutex<HashMap<Op, Rule>>,
-    calls: [AtomicU64; 6],
-    completed: [AtomicU64; 6],
+    calls: [AtomicU64; 7],
+    completed: [AtomicU64; 7],
     /// Requests of [`Fault::LandLate`] that reached the store, whether or not anyone still
     /// waited for them.
     landed: Arc<AtomicU64>,
+    /// The lease ids acquisitions were attempted with (try, queue or queued attempt).
+    attempted_by: Mutex<HashSet<LeaseId>>,
 }
 
 impl FaultyBackend {
@@ -89,6 +94,7 @@ impl FaultyBackend {
             calls: Default::default(),
             completed: Default::default(),
             landed: Arc::default(),
+            attempted_by: Mutex::default(),
         })
     }
 
@@ -132,6 +138,22 @@ impl FaultyBackend {
     /// How many [`Fault::LandLate`] requests have reached the store so far.
     pub fn landed(&self) -> u64 {
         self.landed.load(Ordering::SeqCst)
+    }
+
+    /// How many distinct acquisitions (lease ids) have reached the store through this
+    /// client: each is one remote waiter or holder.
+    pub fn acquisitions_seen(&self) -> usize {
+        self.attempted_by
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .len()
+    }
+
+    fn attempted(&self, request: &AcquireRequest) {
+        self.attempted_by
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(request.lease_id());
     }
 
     /// Calls of every operation together.
@@ -245,6 +267,7 @@ fn index(op: Op) -> usize {
         Op::Inspect => 3,
         Op::Watch => 4,
         Op::Queue => 5,
+        Op::Record => 6,
     }
 }
 
@@ -271,6 +294,7 @@ impl LockBackend for FaultyBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
+        self.attempted(request);
         let Some(delay) = self.lands_late() else {
             return self
                 .faulted(Op::Acquire, self.inner.try_acquire(request))
@@ -283,6 +307,11 @@ impl LockBackend for FaultyBackend {
 
     async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
         self.faulted(Op::Renew, self.inner.renew(key, lease_id, ttl))
+            .await
+    }
+
+    async fn expire_in(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
+        self.faulted(Op::Renew, self.inner.expire_in(key, lease_id, ttl))
             .await
     }
 
@@ -307,10 +336,12 @@ impl LockBackend for FaultyBackend {
     }
 
     async fn enqueue(&self, request: &AcquireRequest) -> Result<()> {
+        self.attempted(request);
         self.faulted(Op::Queue, self.inner.enqueue(request)).await
     }
 
     async fn try_acquire_queued(&self, request: &AcquireRequest) -> Result<Turn> {
+        self.attempted(request);
         let Some(delay) = self.lands_late() else {
             return self
                 .faulted(Op::Acquire, self.inner.try_acquire_queued(request))
@@ -331,6 +362,24 @@ impl LockBackend for FaultyBackend {
 
     async fn watch_turn(&self, request: &AcquireRequest) -> Result<Option<Box<dyn KeyWatch>>> {
         self.watched(self.inner.watch_turn(request)).await
+    }
+
+    async fn read_record(&self, key: &LockKey) -> Result<Option<Record>> {
+        self.faulted(Op::Record, self.inner.read_record(key)).await
+    }
+
+    async fn write_record(
+        &self,
+        key: &LockKey,
+        lease_id: LeaseId,
+        record: &Record,
+        retention: Duration,
+    ) -> Result<bool> {
+        self.faulted(
+            Op::Record,
+            self.inner.write_record(key, lease_id, record, retention),
+        )
+        .await
     }
 }
 

@@ -65,7 +65,7 @@ where
         };
         for scenario in ALL {
             let slot = (backend.clone(), scenario.name);
-            if let Err(reason) = scenario.needs.check(&offers) {
+            if let Some(reason) = scenario.not_applicable(&offers) {
                 lock(&report).insert(slot, Status::NotApplicable(reason));
                 continue;
             }

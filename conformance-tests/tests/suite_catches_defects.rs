@@ -199,7 +199,7 @@ fn failing_scenarios(defect: Defect) -> BTreeSet<&'static str> {
         let offers = Offers::probe(factory.as_ref()).await.unwrap();
         let caps = offers.capabilities.clone();
         let mut runs = tokio::task::JoinSet::new();
-        for scenario in ALL.iter().filter(|s| s.needs.check(&offers).is_ok()) {
+        for scenario in ALL.iter().filter(|s| s.not_applicable(&offers).is_none()) {
             let (factory, caps) = (factory.clone(), caps.clone());
             runs.spawn(async move {
                 let ctx = Ctx::new(factory, caps);

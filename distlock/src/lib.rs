@@ -28,6 +28,8 @@
 //! | `postgres://`, `postgresql://` | PostgreSQL (`lock-sql`) | `postgres` |
 //! | `mysql://`, `mariadb://` | MariaDB 10.5+ (`lock-sql`) | `mysql` |
 //! | `redis://`, `redis+redlock://` | Redis, Redlock (`lock-redis`) | `redis` (`rediss` with `redis-tls`) |
+//! | `etcd://host:port[,host:port...][/prefix]` | etcd 3.4+ (`lock-etcd`) | `etcd` |
+//! | `zk://host:port[,host:port...][/chroot]` | ZooKeeper 3.5+ (`lock-zk`) | `zookeeper` |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -42,15 +44,23 @@ pub use lock_sql;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use lock_redis;
 
+#[cfg(feature = "etcd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
+pub use lock_etcd;
+
+#[cfg(feature = "zookeeper")]
+#[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
+pub use lock_zk;
+
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 pub use lock_core::backend;
 pub use lock_core::{
     default_drift_allowance, redact_url, AcquireOptions, Backoff, Capabilities, Error, ErrorKind,
-    FencedResource, FencingToken, Lease, LeaseId, Liveness, LockClient, LockGuard, LockKey,
-    LockOwner, LockRequest, LockStatus, MemoryBackend, MemoryLink, Renewal, Result, StaleToken,
-    Wait,
+    Execution, FencedResource, FencingToken, IdempotentRequest, Lease, LeaseId, Liveness,
+    LockClient, LockGuard, LockKey, LockOwner, LockRequest, LockScope, LockStatus, MemoryBackend,
+    MemoryLink, OnceRequest, OnceTicket, Renewal, Result, StaleToken, Wait, DEFAULT_RETENTION,
 };
 
 /// A client for the store named by `url`.
@@ -81,6 +91,14 @@ pub async fn connect(url: &str) -> Result<LockClient> {
     #[cfg(feature = "redis")]
     if lock_redis::SCHEMES.contains(&scheme.as_str()) {
         return Ok(LockClient::from_dyn(lock_redis::connect(url).await?));
+    }
+    #[cfg(feature = "etcd")]
+    if lock_etcd::SCHEMES.contains(&scheme.as_str()) {
+        return Ok(LockClient::from_dyn(lock_etcd::connect(url).await?));
+    }
+    #[cfg(feature = "zookeeper")]
+    if lock_zk::SCHEMES.contains(&scheme.as_str()) {
+        return Ok(LockClient::from_dyn(lock_zk::connect(url).await?));
     }
     Err(Error::new(
         ErrorKind::InvalidInput,
@@ -114,7 +132,27 @@ pub fn supported_schemes() -> Vec<&'static str> {
             &[]
         }
     };
-    [&["memory"], sql, redis].concat()
+    let etcd: &[&str] = {
+        #[cfg(feature = "etcd")]
+        {
+            lock_etcd::SCHEMES
+        }
+        #[cfg(not(feature = "etcd"))]
+        {
+            &[]
+        }
+    };
+    let zookeeper: &[&str] = {
+        #[cfg(feature = "zookeeper")]
+        {
+            lock_zk::SCHEMES
+        }
+        #[cfg(not(feature = "zookeeper"))]
+        {
+            &[]
+        }
+    };
+    [&["memory"], sql, redis, etcd, zookeeper].concat()
 }
 
 fn named_memory_store(name: &str) -> MemoryBackend {

@@ -46,11 +46,17 @@ pub struct Capabilities {
     pub max_ttl: Duration,
     /// The store keeps TTLs rounded up to a multiple of this.
     pub ttl_granularity: Duration,
+    /// The store keeps idempotency records beside its locks, written fenced by the lock
+    /// ([`read_record`](crate::backend::LockBackend::read_record),
+    /// [`write_record`](crate::backend::LockBackend::write_record)), so
+    /// [`LockClient::idempotent`](crate::LockClient::idempotent) works on it.
+    pub records: bool,
 }
 
 impl Default for Capabilities {
     /// The least a backend may promise: no fairness, no notification, tokens that do not
-    /// survive a store restart, TTLs from 1 ms to one day at 1 ms granularity.
+    /// survive a store restart, TTLs from 1 ms to one day at 1 ms granularity, no
+    /// idempotency records.
     fn default() -> Self {
         Capabilities {
             fair_ordering: false,
@@ -61,6 +67,7 @@ impl Default for Capabilities {
             min_ttl: Duration::from_millis(1),
             max_ttl: Duration::from_secs(24 * 60 * 60),
             ttl_granularity: Duration::from_millis(1),
+            records: false,
         }
     }
 }

@@ -1,14 +1,18 @@
 //! What users call: a client over any backend.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use crate::backend::{with_timeout, DynBackend, LockBackend};
 use crate::engine::ClientCore;
 use crate::error::Result;
+use crate::idempotent::IdempotentRequest;
 use crate::key::LockKey;
+use crate::once::OnceRequest;
 use crate::options::AcquireOptions;
 use crate::owner::LockOwner;
 use crate::request::LockRequest;
+use crate::scoped::LockScope;
 use crate::status::LockStatus;
 
 /// Locks keys on one backend. Cheap to clone; clones share the backend and one renewal
@@ -92,6 +96,71 @@ impl LockClient {
         )
         .await?;
         Ok(info.map(LockStatus::from))
+    }
+
+    /// A once-per-window ticket for `key`: the job runs on whichever replica gets it, and
+    /// nobody runs it again within the window. See [`OnceRequest`].
+    pub fn once(&self, key: impl AsRef<str>) -> OnceRequest {
+        OnceRequest::new(
+            Arc::clone(&self.core),
+            LockKey::new(key),
+            self.defaults.clone(),
+        )
+    }
+
+    /// An idempotent run of a piece of work for `key`: it runs once, however often it is
+    /// retried, and retries get its recorded result. See [`IdempotentRequest`].
+    pub fn idempotent(&self, key: impl AsRef<str>) -> IdempotentRequest {
+        IdempotentRequest::new(
+            Arc::clone(&self.core),
+            LockKey::new(key),
+            self.defaults.clone(),
+        )
+    }
+
+    /// Runs `body` under the lock on `key` (with this client's default options) and
+    /// stops it when the lock is lost: [`LockRequest::scoped`] on
+    /// [`lock`](Self::lock)`(key)`, which documents the details.
+    pub async fn with_lock<F, Fut, T>(&self, key: impl AsRef<str>, body: F) -> Result<T>
+    where
+        F: FnOnce(LockScope) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        self.lock(key).scoped(body).await
+    }
+
+    /// How many of this client's tasks (and its clones') wait in line for `key` behind
+    /// the one whose turn it is.
+    ///
+    /// The tasks of one client that want the same key wait in a local line, in arrival
+    /// order, and only the task at its head talks to the store, so a process with 100
+    /// waiting tasks costs the store what one waiting task costs.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lock_core::Result<()> {
+    /// use std::future::IntoFuture;
+    /// use std::time::Duration;
+    /// use lock_core::{LockClient, MemoryBackend};
+    ///
+    /// let client = LockClient::new(MemoryBackend::new());
+    /// let holder = client.lock("report").await?;
+    /// let waiters: Vec<_> = (0..3)
+    ///     .map(|_| tokio::spawn(client.lock("report").wait_up_to(Duration::from_secs(5)).into_future()))
+    ///     .collect();
+    /// while client.local_waiters("report") < 3 {
+    ///     tokio::task::yield_now().await; // the three line up behind the holder, locally
+    /// }
+    /// holder.release().await?;
+    /// for waiter in waiters {
+    ///     // Each gets the key in turn, in arrival order.
+    ///     waiter.await.expect("task").expect("turn").release().await?;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn local_waiters(&self, key: impl AsRef<str>) -> usize {
+        LockKey::new(key).map_or(0, |key| self.core.local.waiting(&key))
     }
 
     /// A reentrant owner: locks taken through it (and its clones) can be taken again

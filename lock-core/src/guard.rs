@@ -34,6 +34,10 @@ impl LockGuard {
         }
     }
 
+    pub(crate) fn held(&self) -> &Arc<HeldLock> {
+        &self.held
+    }
+
     /// The locked key.
     pub fn key(&self) -> &LockKey {
         &self.held.key

@@ -25,6 +25,14 @@ impl Wait {
             Wait::Forever => None,
         }
     }
+
+    /// What is left of this wait after it began at `start`.
+    pub(crate) fn remaining_from(self, start: Instant) -> Wait {
+        match self {
+            Wait::UpTo(bound) => Wait::UpTo(bound.saturating_sub(start.elapsed())),
+            other => other,
+        }
+    }
 }
 
 /// Who keeps a held lease alive.
@@ -87,6 +95,13 @@ pub struct AcquireOptions {
     /// Who holds the lock, for operators ([`LockStatus::holder`](crate::LockStatus)):
     /// a host name, a job id. Kept by the stores that have room for it. Default: none.
     pub holder_label: Option<Arc<str>>,
+    /// Opt-in: when this lock is released while another task of the same client waits for
+    /// the key (and opted in too), the held lease is handed to that task without a store
+    /// round trip. Faster handovers, at a price: both tasks then work under **one**
+    /// ownership with **one fencing token**, so a resource fenced by the token cannot tell
+    /// their writes apart, and the store sees one uninterrupted hold by the process.
+    /// Default: off (each task's ownership is its own, with its own token).
+    pub local_handoff: bool,
 }
 
 impl Default for AcquireOptions {
@@ -99,6 +114,7 @@ impl Default for AcquireOptions {
             backoff: Backoff::default(),
             request_timeout: Duration::from_secs(5),
             holder_label: None,
+            local_handoff: false,
         }
     }
 }

@@ -31,6 +31,7 @@ pub struct LockRequest {
     wait: Option<Wait>,
     renewal: Option<Renewal>,
     holder_label: Option<Arc<str>>,
+    local_handoff: Option<bool>,
 }
 
 impl LockRequest {
@@ -49,6 +50,7 @@ impl LockRequest {
             wait: None,
             renewal: None,
             holder_label: None,
+            local_handoff: None,
         }
     }
 
@@ -86,6 +88,14 @@ impl LockRequest {
         self
     }
 
+    /// Lets the lease be handed to, and taken from, another task of this client waiting
+    /// for the same key without a store round trip; see
+    /// [`AcquireOptions::local_handoff`] for the price (one shared fencing token).
+    pub fn local_handoff(mut self, handoff: bool) -> Self {
+        self.local_handoff = Some(handoff);
+        self
+    }
+
     /// Replaces the base options (the client's defaults). Single options set with the
     /// other methods still apply on top, before or after this call.
     pub fn options(mut self, options: AcquireOptions) -> Self {
@@ -107,6 +117,9 @@ impl LockRequest {
         }
         if let Some(label) = &self.holder_label {
             options.holder_label = Some(Arc::clone(label));
+        }
+        if let Some(handoff) = self.local_handoff {
+            options.local_handoff = handoff;
         }
         options
     }

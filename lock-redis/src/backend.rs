@@ -4,7 +4,9 @@ use std::fmt;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use lock_core::backend::{AcquireRequest, Grant, HolderInfo, KeyWatch, LeaseRenewal, LockBackend};
+use lock_core::backend::{
+    AcquireRequest, Grant, HolderInfo, KeyWatch, LeaseRenewal, LockBackend, Record,
+};
 use lock_core::{
     async_trait, Capabilities, Error, ErrorKind, FencingToken, LeaseId, LockKey, Result,
 };
@@ -19,6 +21,8 @@ use crate::notify::Notifier;
 
 static ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/acquire.lua")));
+static WRITE_RECORD: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/write_record.lua")));
 
 /// Locks on one standalone Redis server (not a Redis Cluster: the batched renewal touches
 /// keys of many hash slots at once, which a Cluster node refuses).
@@ -77,7 +81,12 @@ impl RedisBackend {
                 node,
                 layout,
                 notifier,
-                capabilities: config.capabilities(),
+                capabilities: Capabilities {
+                    // Records sit beside the lock entry and are written by a script that
+                    // checks it (the Redlock backend keeps none: see docs.md).
+                    records: true,
+                    ..config.capabilities()
+                },
             }),
         })
     }
@@ -167,5 +176,45 @@ impl LockBackend for RedisBackend {
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {
         let inner = &self.inner;
         Ok(Some(inner.notifier.watch(inner.layout.lock_key(key))))
+    }
+
+    async fn read_record(&self, key: &LockKey) -> Result<Option<Record>> {
+        let node = &self.inner.node;
+        let stored: Option<Vec<u8>> = node
+            .query(
+                redis::cmd("GET").arg(self.inner.layout.record_key(key)),
+                "read_record",
+            )
+            .await?;
+        stored
+            .map(|bytes| {
+                Record::from_bytes(&bytes)
+                    .ok_or_else(|| unexpected_reply("read_record", node.shown()))
+            })
+            .transpose()
+    }
+
+    async fn write_record(
+        &self,
+        key: &LockKey,
+        lease_id: LeaseId,
+        record: &Record,
+        retention: Duration,
+    ) -> Result<bool> {
+        let retention_ms = Record::retention_millis(retention)?;
+        let inner = &self.inner;
+        let written: i64 = inner
+            .node
+            .invoke(
+                WRITE_RECORD
+                    .key(inner.layout.lock_key(key))
+                    .key(inner.layout.record_key(key))
+                    .arg(lease_id.to_string())
+                    .arg(record.to_bytes())
+                    .arg(u64::try_from(retention_ms).unwrap_or(u64::MAX)),
+                "write_record",
+            )
+            .await?;
+        Ok(written == 1)
     }
 }

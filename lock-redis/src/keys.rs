@@ -18,6 +18,7 @@ pub(crate) struct Layout {
 }
 
 const FENCE_SUFFIX: &str = ":fence";
+const RECORD_SUFFIX: &str = ":record";
 
 impl Layout {
     pub(crate) fn new(prefix: &str) -> Self {
@@ -43,6 +44,14 @@ impl Layout {
         out
     }
 
+    /// `<prefix>{<hex of the key>}:record`: the key's idempotency record, kept for its
+    /// retention.
+    pub(crate) fn record_key(&self, key: &LockKey) -> String {
+        let mut out = self.lock_key(key);
+        out.push_str(RECORD_SUFFIX);
+        out
+    }
+
     /// The channel every release of this namespace is published on; the message is the
     /// released lock key.
     pub(crate) fn channel(&self) -> String {
@@ -61,7 +70,7 @@ impl Layout {
     }
 
     /// The user key of a lock entry found by [`scan_pattern`](Self::scan_pattern), or
-    /// `None` for a fencing counter or a foreign key.
+    /// `None` for a fencing counter, a record or a foreign key.
     pub(crate) fn user_key(&self, redis_key: &str) -> Option<String> {
         let hex = redis_key
             .strip_prefix(&self.prefix)?
@@ -99,6 +108,8 @@ mod tests {
         assert_eq!(layout.fence_key(&key), format!("{lock}:fence"));
         assert_eq!(layout.user_key(&lock).as_deref(), Some("a}{b*?[x] é"));
         assert_eq!(layout.user_key(&layout.fence_key(&key)), None);
+        assert_eq!(layout.record_key(&key), format!("{lock}:record"));
+        assert_eq!(layout.user_key(&layout.record_key(&key)), None);
         assert!(layout.scan_pattern("a}").starts_with("app:{617d"));
     }
 }

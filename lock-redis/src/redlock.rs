@@ -118,6 +118,9 @@ impl RedlockBackend {
                 layout,
                 notifier,
                 node_timeout: config.node_timeout,
+                // No idempotency records (`records: false`): a write fenced by the lock is
+                // not one atomic step across independent nodes (docs.md, "Idempotency
+                // records").
                 capabilities: config.capabilities(),
             }),
         };

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use lock_core::backend::{
     finish_if_dropped, lock_unpoisoned, AcquireRequest, Grant, HolderInfo, KeyWatch, LeaseRenewal,
-    LockBackend,
+    LockBackend, Record,
 };
 use lock_core::{async_trait, Capabilities, Error, ErrorKind, LeaseId, Liveness, LockKey, Result};
 
@@ -21,8 +21,11 @@ use crate::dialect::postgres;
 use crate::dialect::sqlite;
 use crate::dialect::Ops;
 
-/// After this many releases through one backend, expired rows of crashed holders that
-/// nobody took over are deleted (one extra statement per this many releases).
+/// After this many releases and record writes through one backend, expired rows of
+/// crashed holders that nobody took over, and records past their retention, are deleted
+/// (a few extra statements per this many operations). An idempotent run follows its
+/// record write with a release, so a sweep comes at least every 512 records, and it
+/// deletes up to a thousand: expired records cannot pile up faster than they are swept.
 const SWEEP_EVERY: u64 = 1024;
 
 #[doc = include_str!("../docs.md")]
@@ -35,7 +38,8 @@ struct Inner {
     store: Store,
     config: SqlConfig,
     capabilities: Capabilities,
-    releases: AtomicU64,
+    /// Releases and record writes so far, for the periodic sweep.
+    writes: AtomicU64,
     in_flight: Arc<InFlight>,
     #[cfg(feature = "postgres")]
     listener: Option<postgres::Listener>,
@@ -189,9 +193,11 @@ impl SqlBackend {
                     min_ttl: Duration::from_millis(10),
                     max_ttl: Duration::from_secs(30 * 24 * 60 * 60),
                     ttl_granularity: Duration::from_millis(1),
+                    // A table beside the lock table, written fenced by the holder's row.
+                    records: true,
                 },
                 config,
-                releases: AtomicU64::new(0),
+                writes: AtomicU64::new(0),
                 in_flight: Arc::default(),
                 #[cfg(feature = "postgres")]
                 listener,
@@ -230,9 +236,10 @@ impl SqlBackend {
         on_store!(&self.inner.store, ops => ops.stored_keys(prefix).await)
     }
 
-    /// Deletes the rows of expired leases nobody took over (crashed holders), up to a
-    /// thousand per call; returns how many. Runs by itself every 1024 releases; expired
-    /// rows never block anyone.
+    /// Deletes the rows of expired leases nobody took over (crashed holders) and the
+    /// idempotency records past their retention, up to a thousand of each per call;
+    /// returns how many rows. Runs by itself every 1024 releases and record writes;
+    /// expired rows never block anyone and expired records are never read.
     pub async fn sweep_expired(&self) -> Result<u64> {
         on_store!(&self.inner.store, ops => ops.sweep().await)
     }
@@ -284,12 +291,32 @@ impl Inner {
                 }
             });
         }
-        if self.releases.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
+        self.count_write().await;
+        Ok(released == Some(true))
+    }
+
+    /// Counts a release or record write, and sweeps expired rows every [`SWEEP_EVERY`].
+    async fn count_write(&self) {
+        if self.writes.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
             if let Err(err) = on_store!(&self.store, ops => ops.sweep().await) {
-                tracing::debug!(error = %err, "sweeping expired leases failed");
+                tracing::debug!(error = %err, "sweeping expired leases and records failed");
             }
         }
-        Ok(released == Some(true))
+    }
+
+    async fn write_record(
+        self: Arc<Self>,
+        key: LockKey,
+        lease_id: LeaseId,
+        record: Record,
+        retention_ms: i64,
+    ) -> Result<bool> {
+        let written = on_store!(
+            &self.store,
+            ops => ops.write_record(&key, lease_id, &record, retention_ms).await
+        )?;
+        self.count_write().await;
+        Ok(written)
     }
 }
 
@@ -338,6 +365,17 @@ impl LockBackend for SqlBackend {
         .await
     }
 
+    async fn expire_in(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
+        let ttl_ms = self.ttl_ms(ttl)?;
+        let inner = Arc::clone(&self.inner);
+        let key = key.clone();
+        // Finished even if the caller gives up, as `renew` is.
+        finish_if_dropped(async move {
+            on_store!(&inner.store, ops => ops.expire_in(&key, lease_id, ttl_ms).await)
+        })
+        .await
+    }
+
     async fn renew_many(&self, leases: &[LeaseRenewal]) -> Vec<Result<bool>> {
         let batch: Result<Vec<_>> = leases
             .iter()
@@ -377,6 +415,33 @@ impl LockBackend for SqlBackend {
         }
         let _ = key;
         Ok(None)
+    }
+
+    async fn read_record(&self, key: &LockKey) -> Result<Option<Record>> {
+        let inner = Arc::clone(&self.inner);
+        let key = key.clone();
+        finish_if_dropped(
+            async move { on_store!(&inner.store, ops => ops.read_record(&key).await) },
+        )
+        .await
+    }
+
+    async fn write_record(
+        &self,
+        key: &LockKey,
+        lease_id: LeaseId,
+        record: &Record,
+        retention: Duration,
+    ) -> Result<bool> {
+        let retention_ms = Record::retention_millis(retention)?;
+        let write = Arc::clone(&self.inner).write_record(
+            key.clone(),
+            lease_id,
+            record.clone(),
+            retention_ms,
+        );
+        // Finished even if the caller gives up, as `renew` is.
+        finish_if_dropped(write).await
     }
 }
 

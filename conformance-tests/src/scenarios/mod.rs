@@ -8,8 +8,10 @@ use lock_core::{Capabilities, Liveness};
 use crate::harness::{BackendFactory, Ctx, Outcome};
 
 pub mod exclusion;
+pub mod idempotent;
 pub mod input;
 pub mod ownership;
+pub mod patterns;
 pub mod recovery;
 pub mod renewal;
 pub mod sessions;
@@ -60,12 +62,18 @@ pub enum Needs {
     /// live by their session's keep-alives instead; the session scenarios prove the same
     /// guarantees for it by cutting its link.
     LeaseTtl,
+    /// [`Liveness::Session`]: leases are bound to store sessions.
+    SessionBound,
     /// [`Liveness::Session`], and a factory that can cut or slow a client's link.
     SessionLink,
     /// [`Capabilities::reentrancy`].
     Reentrancy,
     /// A factory that can build a client of an unreachable store.
     UnreachableClient,
+    /// [`Capabilities::records`]: idempotency records.
+    Records,
+    /// No [`Capabilities::records`]: the refusal is what is checked.
+    NoRecords,
 }
 
 impl Needs {
@@ -83,13 +91,17 @@ impl Needs {
             Needs::LeaseTtl if caps.liveness == Liveness::Session => Err(
                 "leases live by their session, not their own TTL (the session scenarios cover it)",
             ),
-            Needs::SessionLink if caps.liveness != Liveness::Session => {
+            Needs::SessionBound | Needs::SessionLink if caps.liveness != Liveness::Session => {
                 Err("leases are not bound to sessions")
             }
             Needs::SessionLink if !offers.link => Err("the factory cannot cut a client's link"),
             Needs::Reentrancy if !caps.reentrancy => Err("reentrant owners are unsupported"),
             Needs::UnreachableClient if !offers.unreachable_client => {
                 Err("embedded store: nothing to be unreachable")
+            }
+            Needs::Records if !caps.records => Err("the store keeps no idempotency records"),
+            Needs::NoRecords if caps.records => {
+                Err("the store keeps idempotency records (the record scenarios cover it)")
             }
             _ => Ok(()),
         }
@@ -104,18 +116,27 @@ pub type ScenarioFuture<'a> = Pin<Box<dyn Future<Output = Outcome> + Send + 'a>>
 pub struct Scenario {
     /// The test name after `conformance::`.
     pub name: &'static str,
-    /// What the backend must offer for the scenario to be registered.
-    pub needs: Needs,
+    /// What the backend must offer for the scenario to be registered (all of it).
+    pub needs: &'static [Needs],
     /// Runs it.
     pub run: for<'a> fn(&'a Ctx) -> ScenarioFuture<'a>,
 }
 
+impl Scenario {
+    /// Why the scenario does not apply to a backend offering `offers`, if it does not.
+    pub fn not_applicable(&self, offers: &Offers) -> Option<&'static str> {
+        self.needs
+            .iter()
+            .find_map(|needs| needs.check(offers).err())
+    }
+}
+
 macro_rules! scenarios {
-    ($($module:ident :: $name:ident => $needs:ident),+ $(,)?) => {
+    ($($module:ident :: $name:ident => $($needs:ident)&+),+ $(,)?) => {
         /// Every scenario, in the order they are reported.
         pub const ALL: &[Scenario] = &[$(Scenario {
             name: stringify!($name),
-            needs: Needs::$needs,
+            needs: &[$(Needs::$needs),+],
             run: |ctx| Box::pin($module::$name(ctx)),
         }),+];
     };
@@ -141,6 +162,7 @@ scenarios! {
     waiting::waiters_take_turns_promptly => Nothing,
     waiting::waiter_wakes_despite_dropped_notification => Notification,
     waiting::fifo_order_with_dead_waiter => FairOrdering,
+    waiting::queued_wait_times_out_while_its_attempt_is_slow => FairOrdering,
     waiting::subscription_setup_is_bounded_by_the_wait => Notification,
     recovery::reentrancy_accounting => Reentrancy,
     recovery::owner_tasks_keep_their_own_bounds => Reentrancy,
@@ -156,6 +178,24 @@ scenarios! {
     sessions::session_expiry_loses_every_lease_before_a_rival_is_granted => SessionLink,
     sessions::disconnected_session_stops_extending_the_deadline => SessionLink,
     sessions::keep_alive_is_measured_from_its_send => SessionLink,
+    patterns::once_window_holds_for_at_least => LeaseTtl,
+    patterns::once_window_frees_at_at_most_after_a_crash => LeaseTtl,
+    patterns::once_ticket_never_renews => LeaseTtl,
+    patterns::once_window_bounds_are_checked => Nothing,
+    patterns::once_window_is_refused_on_a_session_store => SessionBound,
+    patterns::with_lock_returns_the_body_value_and_releases => Nothing,
+    patterns::with_lock_stops_its_body_when_renewals_fail => LeaseTtl,
+    patterns::with_lock_stops_its_body_when_the_session_ends => SessionLink,
+    patterns::local_waiters_are_one_remote_waiter_in_fifo_order => Nothing,
+    patterns::local_handoff_is_opt_in_and_shares_the_token => Nothing,
+    idempotent::idempotent_work_runs_once_across_concurrent_callers => Records,
+    idempotent::idempotent_replay_returns_the_recorded_result => Records,
+    idempotent::idempotent_mismatch_is_refused => Records,
+    idempotent::idempotent_in_progress_and_failed_runs => Records,
+    idempotent::record_write_needs_the_live_holder => Records,
+    idempotent::late_record_of_a_lost_holder_is_refused => Records & LeaseTtl,
+    idempotent::late_record_of_a_holder_whose_session_ended_is_refused => Records & SessionLink,
+    idempotent::idempotent_is_refused_without_records => NoRecords,
     input::invalid_keys_are_refused => Nothing,
     input::invalid_ttls_are_refused => Nothing,
     input::extreme_options_are_refused_or_work => Nothing,

@@ -251,8 +251,13 @@ pub async fn unavailable_store_is_retryable_and_recovers(ctx: &Ctx) -> Outcome {
     let key = ctx.key("unavailable");
     let (client, faulty) = ctx.faulty_client().await?;
     let bound = Duration::from_millis(500);
+    // Silent for every acquisition request, a fair queue's enqueue included (a waiter
+    // whose enqueue was answered knows the store is there: see
+    // `queued_wait_times_out_while_its_attempt_is_slow`).
     faulty.inject(Op::Acquire, Fault::BlackHole);
+    faulty.inject(Op::Queue, Fault::BlackHole);
     unavailable_within(bound, "silent store", client.lock(&key).wait_up_to(bound)).await?;
+    faulty.heal();
     faulty.inject(Op::Acquire, Fault::Fail(ErrorKind::Unavailable));
     unavailable_within(Duration::ZERO, "failing store", client.try_lock(&key)).await?;
     faulty.heal();

@@ -104,6 +104,37 @@ async fn until_n_waiting(
     }
 }
 
+/// A fair queue's waiter whose last attempt is still on its way when the wait runs out
+/// times out (`TimedOut`): the store answered its enqueue, so it is not unavailable, the
+/// wait is simply over. It leaves no entry behind.
+pub async fn queued_wait_times_out_while_its_attempt_is_slow(ctx: &Ctx) -> Outcome {
+    let key = ctx.key("queued-slow-attempt");
+    let bound = Duration::from_millis(300);
+    let holder = ctx.client().await?;
+    let (waiter, faulty) = ctx.faulty_client().await?;
+    let guard = holder.lock(&key).await?;
+    faulty.inject(Op::Acquire, Fault::Delay(bound * 3));
+    let started = Instant::now();
+    expect_kind(
+        waiter.lock(&key).wait_up_to(bound).await,
+        ErrorKind::TimedOut,
+        "a queued wait whose attempt was slow",
+    )?;
+    ensure!(
+        started.elapsed() <= bound + SLACK,
+        "gave up after {:?}, bound {bound:?}",
+        started.elapsed()
+    );
+    faulty.heal();
+    released(guard.release().await, "holder lost its lease")?;
+    let next = within(SLACK * 4, "a free key after the timed-out waiter", async {
+        holder.lock(&key).wait_up_to(bound * 4).await
+    })
+    .await??;
+    released(next.release().await, "next holder")?;
+    Ok(())
+}
+
 /// A waiter gets the key promptly after release: within the notification path's latency
 /// where the store notifies (the fallback poll is set far longer), or within one poll
 /// interval where it does not.
@@ -158,7 +189,14 @@ pub async fn waiters_take_turns_promptly(ctx: &Ctx) -> Outcome {
             Ok(())
         });
     }
-    until_n_waiting(ctx, &faulty, &key, before, WAITERS).await?;
+    // The client's waiters line up locally behind the one that waits in the store.
+    until_n_waiting(ctx, &faulty, &key, before, 1).await?;
+    eventually(
+        SLACK * 10,
+        "the other waiters to line up locally",
+        || async { Ok(waiters.local_waiters(&key) as u64 == WAITERS - 1) },
+    )
+    .await?;
     let released_at = Instant::now();
     released(guard.release().await, "holder lost its lease")?;
     let limit = (hold + bound) * WAITERS as u32;

@@ -13,6 +13,7 @@
 
 mod binary;
 mod error;
+mod etcd;
 mod log;
 mod mariadb;
 mod postgres;
@@ -21,6 +22,7 @@ mod readiness;
 mod redis;
 mod signals;
 mod spec;
+mod zookeeper;
 
 use std::fs::{self, OpenOptions};
 use std::io;
@@ -35,10 +37,15 @@ use tempfile::TempDir;
 use tokio::time::Instant;
 
 pub use error::StoreProcessError;
+pub use etcd::EtcdMember;
 pub use mariadb::{MARIADB_DATABASE, MARIADB_PASSWORD, MARIADB_USER};
 pub use postgres::POSTGRES_PASSWORD;
 pub use privileges::system_user;
 pub use spec::StoreSpec;
+pub use zookeeper::{
+    zookeeper_mode, ZookeeperPeer, ZOOKEEPER_MAX_SESSION_TIMEOUT_MS,
+    ZOOKEEPER_MIN_SESSION_TIMEOUT_MS,
+};
 
 use binary::{missing, resolve_binary};
 use error::io_error;
@@ -237,9 +244,10 @@ impl Drop for StoreProcess {
     }
 }
 
-/// Asks the kernel for a free port. Another process can take it before the server binds;
-/// [`StoreProcess::start`] retries for that case.
-fn free_port() -> Result<u16, StoreProcessError> {
+/// Asks the kernel for a free loopback port. Another process can take it before the server
+/// binds; [`StoreProcess::start`] retries for that case. Clusters use it to choose their
+/// members' peer ports before any member starts.
+pub fn free_port() -> Result<u16, StoreProcessError> {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .and_then(|listener| listener.local_addr())
         .map_err(io_error("find a free port"))?;

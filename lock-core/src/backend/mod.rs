@@ -18,6 +18,7 @@ use async_trait::async_trait;
 mod detach;
 mod feed;
 mod listener;
+mod record;
 mod request;
 mod support;
 
@@ -27,6 +28,7 @@ pub use crate::sync::lock_unpoisoned;
 pub use detach::{finish_if_dropped, FinishIfDropped};
 pub use feed::ReleaseFeed;
 pub use listener::{supervise_listener, ListenerLink, ListenerTask};
+pub use record::{Record, MAX_RETENTION};
 pub use request::AcquireRequest;
 pub use support::with_timeout;
 use support::within;
@@ -188,6 +190,16 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
     /// its session alive (refreshing the session).
     async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool>;
 
+    /// Sets the live lease `lease_id` on `key` to end exactly `ttl` from now, sooner or
+    /// later than it would have: for a hold that must end at a given time (a
+    /// once-per-window ticket finished early). Returns `false` when that lease is not live.
+    /// The default is [`renew`](Self::renew), right for a backend whose renewal sets the
+    /// expiry exactly; a backend whose renewal never shortens a lease overrides it. Not
+    /// used on session-bound backends (their holds cannot be shortened).
+    async fn expire_in(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
+        self.renew(key, lease_id, ttl).await
+    }
+
     /// Renews many leases, answering for each in order as [`renew`](Self::renew) would.
     /// The default sends one [`renew`](Self::renew) per lease, a bounded number at a
     /// time; a [`Liveness::Batched`] backend overrides it with one round trip.
@@ -254,6 +266,37 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
     async fn watch_turn(&self, request: &AcquireRequest) -> Result<Option<Box<dyn KeyWatch>>> {
         self.watch(request.key()).await
     }
+
+    /// Backends with [`records`](Capabilities::records): the result record of a completed
+    /// idempotent run of `key`, or `None` when there is none (never written, or past its
+    /// retention). Records live beside the locks but never collide with them.
+    async fn read_record(&self, key: &LockKey) -> Result<Option<Record>> {
+        let _ = key;
+        Err(no_records(self.name()))
+    }
+
+    /// Backends with [`records`](Capabilities::records): stores `record` for `key` for
+    /// `retention`, **fenced**: in one atomic step on the store, only while `lease_id`
+    /// holds `key`'s lock (a live, unexpired lease). Returns `false`, writing nothing,
+    /// when it does not: a holder that lost its lock cannot record over the next
+    /// holder's result. Idempotent: writing the same record again succeeds.
+    async fn write_record(
+        &self,
+        key: &LockKey,
+        lease_id: LeaseId,
+        record: &Record,
+        retention: Duration,
+    ) -> Result<bool> {
+        let _ = (key, lease_id, record, retention);
+        Err(no_records(self.name()))
+    }
+}
+
+pub(crate) fn no_records(backend: &str) -> Error {
+    Error::new(
+        ErrorKind::Unsupported,
+        format!("{backend} keeps no idempotency records"),
+    )
 }
 
 pub(crate) fn no_queue(backend: &str) -> Error {
@@ -423,6 +466,14 @@ macro_rules! forward_backend {
             async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
                 (**self).renew(key, lease_id, ttl).await
             }
+            async fn expire_in(
+                &self,
+                key: &LockKey,
+                lease_id: LeaseId,
+                ttl: Duration,
+            ) -> Result<bool> {
+                (**self).expire_in(key, lease_id, ttl).await
+            }
             async fn renew_many(&self, leases: &[LeaseRenewal]) -> Vec<Result<bool>> {
                 (**self).renew_many(leases).await
             }
@@ -449,6 +500,20 @@ macro_rules! forward_backend {
                 request: &AcquireRequest,
             ) -> Result<Option<Box<dyn KeyWatch>>> {
                 (**self).watch_turn(request).await
+            }
+            async fn read_record(&self, key: &LockKey) -> Result<Option<Record>> {
+                (**self).read_record(key).await
+            }
+            async fn write_record(
+                &self,
+                key: &LockKey,
+                lease_id: LeaseId,
+                record: &Record,
+                retention: Duration,
+            ) -> Result<bool> {
+                (**self)
+                    .write_record(key, lease_id, record, retention)
+                    .await
             }
         }
     };

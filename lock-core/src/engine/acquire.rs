@@ -15,13 +15,47 @@ use crate::lease::{Lease, LeaseId};
 use crate::options::{AcquireOptions, Wait, WaitSpec};
 
 /// Acquires `key` per `options` and hands the lease to the client's renewal engine.
+///
+/// The client's tasks that want the same key first line up locally, and only the one
+/// at the head talks to the store; the wait bound covers both waits.
 pub(crate) async fn acquire_held(
     core: &Arc<ClientCore>,
     key: LockKey,
     options: AcquireOptions,
 ) -> Result<Arc<HeldLock>> {
-    let (lease, release_again) = acquire_lease(&core.backend, key, &options).await?;
-    Ok(HeldLock::start(core, lease, options, release_again))
+    check_options(&core.backend, &options)?;
+    let started = Instant::now();
+    let mut turn = core.local.enter(&key, options.wait, started).await?;
+    if let Some(handed) = turn.take_handed() {
+        if options.local_handoff && handed.lease.is_valid() {
+            tracing::debug!(%key, token = %handed.lease.token(), "lease handed over locally");
+            return Ok(HeldLock::start(
+                core,
+                handed.lease,
+                options,
+                None,
+                Some(turn),
+            ));
+        }
+        // Not wanted here (or run out meanwhile): the store gets it back first, so this
+        // task's own attempt does not find the key held by a lease nobody holds.
+        let _ = handed
+            .backend
+            .release_lease(&handed.lease, handed.request_timeout)
+            .await;
+    }
+    let remote = AcquireOptions {
+        wait: options.wait.remaining_from(started),
+        ..options.clone()
+    };
+    let (lease, release_again) = acquire_lease(&core.backend, key, &remote).await?;
+    Ok(HeldLock::start(
+        core,
+        lease,
+        options,
+        release_again,
+        Some(turn),
+    ))
 }
 
 fn check_options(backend: &DynBackend, options: &AcquireOptions) -> Result<()> {
@@ -67,7 +101,6 @@ async fn acquire_lease(
         outcome = tracing::field::Empty,
     );
     async move {
-        check_options(backend, options)?;
         let started = Instant::now();
         let request = AcquireRequest::new(key, options.ttl, options.drift_allowance())
             .with_renewal(options.renewal)
@@ -107,7 +140,7 @@ async fn acquire_lease(
                 crate::engine::poll::wait_for_grant(
                     request.key(),
                     &spec,
-                    herd,
+                    (herd, false),
                     subscribing,
                     |timeout| backend.acquire_once(&request, timeout),
                 )

@@ -10,7 +10,8 @@ use std::sync::Mutex;
 use tokio::sync::Notify;
 use tracing::Instrument;
 
-use crate::backend::{lock_unpoisoned, DynBackend, LockBackendExt, ReleaseOutcome};
+use crate::backend::{lock_unpoisoned, with_timeout, DynBackend, LockBackendExt, ReleaseOutcome};
+use crate::engine::local::{Handoff, LocalTurn};
 use crate::engine::{outcome_name, ClientCore};
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::LockKey;
@@ -45,6 +46,9 @@ pub(crate) struct HeldLock {
     /// Release the lease id once more this long after the hold ends: an attempt of the
     /// acquisition went unanswered and may still land in the store.
     release_again: Option<Duration>,
+    /// This task's turn in the client's local line for the key, handed on to the next
+    /// task when the hold ends.
+    local_turn: Mutex<Option<LocalTurn>>,
 }
 
 impl HeldLock {
@@ -55,6 +59,7 @@ impl HeldLock {
         lease: Lease,
         options: AcquireOptions,
         release_again: Option<Duration>,
+        local_turn: Option<LocalTurn>,
     ) -> Arc<Self> {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let held = Arc::new(HeldLock {
@@ -69,6 +74,7 @@ impl HeldLock {
             }),
             lost: Notify::new(),
             release_again,
+            local_turn: Mutex::new(local_turn),
         });
         core.renewals.track(Arc::clone(&held));
         held
@@ -128,6 +134,9 @@ impl HeldLock {
             was_held
         };
         if changed {
+            // The store may grant the key to anyone now, so this client's next task may
+            // try for it too.
+            drop(lock_unpoisoned(&self.local_turn).take());
             self.lost.notify_waiters();
             tracing::warn!(backend = self.backend().name(), key = %self.key, token = %self.token, why, "lock lost");
             self.spawn_release(Some(Duration::ZERO));
@@ -182,6 +191,40 @@ impl HeldLock {
         }
     }
 
+    /// Ends the holder's interest without giving the key back: the store keeps the hold
+    /// until it expires, set to end exactly `ttl` from now if given (which may shorten
+    /// it). For a hold that must last a minimum time from its start.
+    pub(crate) async fn leave_to_expire(&self, ttl: Option<Duration>) -> Result<()> {
+        let _turn = lock_unpoisoned(&self.local_turn).take();
+        let lease = self.lease();
+        if !self.is_held() {
+            return Err(self.lost_error());
+        }
+        if let Some(ttl) = ttl {
+            let span = tracing::info_span!("distlock.renew", backend = self.backend().name(), key = %self.key, outcome = tracing::field::Empty);
+            let kept = with_timeout(
+                self.options.request_timeout.min(lease.remaining()),
+                "expire_in",
+                self.backend().expire_in(&self.key, lease.id(), ttl),
+            )
+            .instrument(span.clone())
+            .await;
+            span.record("outcome", outcome_name(&kept));
+            if !kept? {
+                self.mark_lost("the store no longer had the lease");
+                return Err(self.lost_error());
+            }
+        }
+        let mut state = lock_unpoisoned(&self.state);
+        if state.status != Status::Held {
+            return Err(self.lost_error());
+        }
+        state.status = Status::Released;
+        drop(state);
+        self.core.renewals.finished(self.id);
+        Ok(())
+    }
+
     pub(crate) fn lost_error(&self) -> Error {
         Error::lost(format!(
             "the lease on {:?} (token {}) was lost before it was released",
@@ -194,6 +237,8 @@ impl HeldLock {
     /// [`ErrorKind::Lost`] when it had been lost (expired, or the store no longer had it):
     /// whatever the holder did after that was not protected by the lock.
     pub(crate) async fn finish(&self) -> Result<()> {
+        // The next local task goes to the store once this release is done (or abandoned).
+        let mut turn = lock_unpoisoned(&self.local_turn).take();
         let previous =
             std::mem::replace(&mut lock_unpoisoned(&self.state).status, Status::Released);
         match previous {
@@ -202,6 +247,21 @@ impl HeldLock {
             Status::Released => return Ok(()),
         }
         let lease = self.lease();
+        if self.options.local_handoff && lease.is_valid() && self.release_again.is_none() {
+            if let Some(next) = turn.take() {
+                let handoff = Handoff {
+                    lease: lease.clone(),
+                    backend: self.backend().clone(),
+                    request_timeout: self.options.request_timeout,
+                };
+                // When nobody waits it comes back: an ordinary release follows.
+                if next.hand_off(handoff).is_none() {
+                    self.core.renewals.finished(self.id);
+                    return Ok(());
+                }
+            }
+        }
+        let _turn = turn;
         // A caller that stops waiting does not cancel the release: it is sent again in the
         // background (release is idempotent).
         let mut unfinished = Unfinished(Some(self));

@@ -6,22 +6,26 @@ use crate::backend::DynBackend;
 
 pub(crate) mod acquire;
 pub(crate) mod held;
+pub(crate) mod local;
 pub(crate) mod poll;
 pub(crate) mod queue;
 pub(crate) mod reentry;
 pub(crate) mod renewal;
 
-/// What every clone of a client shares: the backend and the client's renewal engine.
+/// What every clone of a client shares: the backend, the client's renewal engine and the
+/// local lines its tasks wait in.
 #[derive(Debug)]
 pub(crate) struct ClientCore {
     pub(crate) backend: DynBackend,
     pub(crate) renewals: renewal::Renewals,
+    pub(crate) local: local::LocalLines,
 }
 
 impl ClientCore {
     pub(crate) fn new(backend: DynBackend) -> Self {
         ClientCore {
             renewals: renewal::Renewals::new(backend.clone()),
+            local: local::LocalLines::default(),
             backend,
         }
     }

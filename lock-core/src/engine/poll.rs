@@ -49,7 +49,7 @@ pub(crate) type Subscribing<'a> =
 pub(crate) async fn wait_for_grant<'a, A, F>(
     key: &LockKey,
     wait: &WaitSpec,
-    wakes: Wakes,
+    (wakes, answered): (Wakes, bool),
     subscribing: Option<Subscribing<'a>>,
     mut attempt_once: A,
 ) -> Result<Lease>
@@ -62,7 +62,9 @@ where
     // Notification wake-ups so far whose attempt still found the key held.
     let mut woken_in_vain: u32 = 0;
     let mut attempt: u32 = 0;
-    let mut store_answered = false;
+    // Whether the store has answered this acquisition yet (a fair queue's enqueue is an
+    // answer): an attempt cut short by the end of the wait then means the wait is over.
+    let mut store_answered = answered;
     loop {
         let now = Instant::now();
         // Each attempt is bounded by the wait too, so a silent store cannot hold a

@@ -45,7 +45,8 @@ pub(crate) async fn acquire_in_queue(
     let result = crate::engine::poll::wait_for_grant(
         request.key(),
         &spec,
-        Wakes::Turn,
+        // The enqueue was answered: the store is answering.
+        (Wakes::Turn, true),
         Some(subscribing),
         |timeout| {
             async move {

@@ -9,7 +9,7 @@ use tokio::sync::Notify;
 
 use crate::backend::{
     lock_unpoisoned as lock, AcquireRequest, Capabilities, Change, Grant, HolderInfo, KeyWatch,
-    Liveness, LockBackend, ReleaseFeed, Turn,
+    Liveness, LockBackend, Record, ReleaseFeed, Turn,
 };
 use crate::error::{Error, Result};
 use crate::key::LockKey;
@@ -57,6 +57,8 @@ struct State {
     last_session: u64,
     last_token: u64,
     writes_since_sweep: usize,
+    /// Idempotency records and when each is forgotten.
+    records: HashMap<LockKey, (Record, Instant)>,
 }
 
 #[derive(Debug)]
@@ -103,6 +105,7 @@ impl MemoryBackend {
                 native_notification: true,
                 durable_fencing: true,
                 reentrancy: true,
+                records: true,
                 ..Capabilities::default()
             },
             sessions: None,
@@ -283,6 +286,7 @@ impl State {
                 Some(session) => sessions.get(&session).is_some_and(|end| now < *end),
                 None => now < entry.expires_at,
             });
+            self.records.retain(|_, (_, until)| now < *until);
         }
     }
 
@@ -478,6 +482,43 @@ impl LockBackend for MemoryBackend {
             .and_then(|queue| queue.iter().find(|w| w.lease_id == request.lease_id()))
             .map(|waiter| Arc::clone(&waiter.wake));
         Ok(wake.map(|wake| Box::new(TurnWatch(wake)) as Box<dyn KeyWatch>))
+    }
+
+    async fn read_record(&self, key: &LockKey) -> Result<Option<Record>> {
+        self.reachable()?;
+        let now = Instant::now();
+        let mut state = lock(&self.store.state);
+        match state.records.get(key) {
+            Some((record, until)) if now < *until => Ok(Some(record.clone())),
+            Some(_) => {
+                state.records.remove(key);
+                Ok(None)
+            }
+            None => Ok(None),
+        }
+    }
+
+    async fn write_record(
+        &self,
+        key: &LockKey,
+        lease_id: LeaseId,
+        record: &Record,
+        retention: Duration,
+    ) -> Result<bool> {
+        self.reachable()?;
+        let until = Instant::now()
+            .checked_add(retention)
+            .ok_or_else(|| Error::invalid(format!("retention {retention:?} is too large")))?;
+        let now = Instant::now();
+        let mut state = lock(&self.store.state);
+        let holds = state
+            .locks
+            .get(key)
+            .is_some_and(|entry| entry.lease_id == lease_id && state.is_live(entry, now));
+        if holds {
+            state.records.insert(key.clone(), (record.clone(), until));
+        }
+        Ok(holds)
     }
 }
 

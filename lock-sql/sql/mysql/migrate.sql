@@ -25,4 +25,15 @@ BEGIN
     SET NEW.token = (SELECT last_token FROM {table}_tokens WHERE id = 1);
 END;
 -- statement
+-- Idempotency records, one per key, beside the lock rows (write_record.sql); the key is
+-- compared byte for byte like the lock table's.
+CREATE TABLE IF NOT EXISTS {table}_records (
+    record_key  VARBINARY(256) NOT NULL PRIMARY KEY,
+    value       LONGBLOB NOT NULL,
+    fingerprint BLOB,
+    token       BIGINT NOT NULL,
+    expires_at  BIGINT NOT NULL,
+    INDEX {table}_records_expiry (expires_at)
+) ENGINE = InnoDB;
+-- statement
 DO RELEASE_LOCK('distlock.migrate.{table}');

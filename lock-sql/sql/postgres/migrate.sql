@@ -15,4 +15,15 @@ CREATE TABLE IF NOT EXISTS {table} (
     expires_at bigint NOT NULL
 );
 -- statement
+-- Idempotency records, one per key, beside the lock rows (write_record.sql).
+CREATE TABLE IF NOT EXISTS {table}_records (
+    record_key  text   NOT NULL PRIMARY KEY,
+    value       bytea  NOT NULL,
+    fingerprint bytea,
+    token       bigint NOT NULL,
+    expires_at  bigint NOT NULL
+);
+-- statement
+CREATE INDEX IF NOT EXISTS {table}_records_expiry ON {table}_records (expires_at);
+-- statement
 COMMIT;

@@ -26,4 +26,15 @@ CREATE TRIGGER IF NOT EXISTS {table}_token_taken_over AFTER UPDATE OF token ON {
     UPDATE {table}_tokens SET last_token = NEW.token WHERE id = 1 AND last_token < NEW.token;
 END;
 -- statement
+-- Idempotency records, one per key, beside the lock rows (write_record.sql).
+CREATE TABLE IF NOT EXISTS {table}_records (
+    record_key  TEXT    NOT NULL PRIMARY KEY,
+    value       BLOB    NOT NULL,
+    fingerprint BLOB,
+    token       INTEGER NOT NULL,
+    expires_at  INTEGER NOT NULL
+) WITHOUT ROWID;
+-- statement
+CREATE INDEX IF NOT EXISTS {table}_records_expiry ON {table}_records (expires_at);
+-- statement
 COMMIT;

@@ -13,7 +13,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use lock_core::backend::{with_timeout, HolderInfo};
+use lock_core::backend::{with_timeout, HolderInfo, Record};
 use lock_core::{Error, ErrorKind, FencingToken, LeaseId, LockKey, Result};
 use sqlx::pool::PoolOptions;
 use sqlx::{AssertSqlSafe, ColumnIndex, Database, Decode, Encode, Executor, IntoArguments};
@@ -34,6 +34,8 @@ pub(crate) struct SqlText {
     pub migrate: &'static str,
     pub acquire: &'static str,
     pub renew: &'static str,
+    /// Sets a live lease's expiry exactly, shorter or longer (`renew` never shortens).
+    pub expire_in: &'static str,
     pub renew_many: &'static str,
     /// Which leases of a batch are live, for dialects whose `renew_many` cannot return
     /// the rows it renewed.
@@ -43,6 +45,11 @@ pub(crate) struct SqlText {
     pub stored_keys: &'static str,
     pub expired: &'static str,
     pub sweep: &'static str,
+    /// Idempotency records: the fenced upsert, the read, and their sweep.
+    pub write_record: &'static str,
+    pub read_record: &'static str,
+    pub expired_records: &'static str,
+    pub sweep_record: &'static str,
     /// The database server's clock at the statement's start, in integer milliseconds
     /// since the Unix epoch.
     pub now_ms: &'static str,
@@ -60,6 +67,7 @@ macro_rules! sql_text {
             migrate: include_str!(concat!("../../sql/", $dir, "/migrate.sql")),
             acquire: include_str!(concat!("../../sql/", $dir, "/acquire.sql")),
             renew: include_str!(concat!("../../sql/", $dir, "/renew.sql")),
+            expire_in: include_str!(concat!("../../sql/", $dir, "/expire_in.sql")),
             renew_many: include_str!(concat!("../../sql/", $dir, "/renew_many.sql")),
             renewed: $renewed,
             release: include_str!(concat!("../../sql/", $dir, "/release.sql")),
@@ -67,6 +75,10 @@ macro_rules! sql_text {
             stored_keys: include_str!(concat!("../../sql/", $dir, "/stored_keys.sql")),
             expired: include_str!(concat!("../../sql/", $dir, "/expired.sql")),
             sweep: include_str!(concat!("../../sql/", $dir, "/sweep.sql")),
+            write_record: include_str!(concat!("../../sql/", $dir, "/write_record.sql")),
+            read_record: include_str!(concat!("../../sql/", $dir, "/read_record.sql")),
+            expired_records: include_str!(concat!("../../sql/", $dir, "/expired_records.sql")),
+            sweep_record: include_str!(concat!("../../sql/", $dir, "/sweep_record.sql")),
             now_ms: $now,
             clock_ms: $clock,
         }
@@ -83,6 +95,7 @@ pub(crate) struct Statements {
     migrate: Vec<SqlStr>,
     acquire: SqlStr,
     renew: SqlStr,
+    expire_in: SqlStr,
     renew_many: SqlStr,
     renewed: Option<SqlStr>,
     release: SqlStr,
@@ -90,6 +103,10 @@ pub(crate) struct Statements {
     stored_keys: SqlStr,
     expired: SqlStr,
     sweep: SqlStr,
+    write_record: SqlStr,
+    read_record: SqlStr,
+    expired_records: SqlStr,
+    sweep_record: SqlStr,
 }
 
 impl Statements {
@@ -113,6 +130,7 @@ impl Statements {
                 .collect(),
             acquire: fill(text.acquire),
             renew: fill(text.renew),
+            expire_in: fill(text.expire_in),
             renew_many: fill(text.renew_many),
             renewed: text.renewed.map(fill),
             release: fill(text.release),
@@ -120,6 +138,10 @@ impl Statements {
             stored_keys: fill(text.stored_keys),
             expired: fill(text.expired),
             sweep: fill(text.sweep),
+            write_record: fill(text.write_record),
+            read_record: fill(text.read_record),
+            expired_records: fill(text.expired_records),
+            sweep_record: fill(text.sweep_record),
         }
     }
 
@@ -165,6 +187,10 @@ where
     for<'q> i64: Encode<'q, DB>,
     for<'r> i64: Decode<'r, DB> + Type<DB>,
     for<'r> String: Decode<'r, DB>,
+    for<'q> Vec<u8>: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<Vec<u8>>: Encode<'q, DB>,
+    for<'r> Vec<u8>: Decode<'r, DB>,
+    for<'r> Option<Vec<u8>>: Decode<'r, DB>,
     usize: ColumnIndex<DB::Row>,
     DB::QueryResult: RowsAffected,
 {
@@ -273,12 +299,41 @@ where
         lease_id: LeaseId,
         ttl_ms: i64,
     ) -> Result<bool> {
-        let query = sqlx::query(self.sql.renew.clone())
+        self.set_expiry("renew", self.sql.renew.clone(), key, lease_id, ttl_ms)
+            .await
+    }
+
+    /// Sets the live lease's expiry to exactly `ttl_ms` from now, even if sooner.
+    pub(crate) async fn expire_in(
+        &self,
+        key: &LockKey,
+        lease_id: LeaseId,
+        ttl_ms: i64,
+    ) -> Result<bool> {
+        self.set_expiry(
+            "expire_in",
+            self.sql.expire_in.clone(),
+            key,
+            lease_id,
+            ttl_ms,
+        )
+        .await
+    }
+
+    async fn set_expiry(
+        &self,
+        what: &'static str,
+        statement: SqlStr,
+        key: &LockKey,
+        lease_id: LeaseId,
+        ttl_ms: i64,
+    ) -> Result<bool> {
+        let query = sqlx::query(statement)
             .bind(ttl_ms)
             .bind(key.as_str().to_owned())
             .bind(lease_id.to_string());
         let done = self
-            .on_connection("renew", move |conn| Box::pin(query.execute(conn)))
+            .on_connection(what, move |conn| Box::pin(query.execute(conn)))
             .await?;
         // MySQL reports matched rather than changed rows (CLIENT_FOUND_ROWS), which is
         // what this needs: the WHERE clause is the whole condition.
@@ -379,29 +434,97 @@ where
             .collect()
     }
 
-    /// Deletes expired rows (of crashed holders) that nobody took over since, up to a
-    /// thousand per call. They are found by a plain read and deleted one by one, so the
-    /// sweep locks only rows it deletes: a scanning delete locks (and waits for) the live
-    /// rows it passes on MariaDB.
+    /// Deletes expired rows (of crashed holders) that nobody took over since, and
+    /// records past their retention that were not overwritten, up to a thousand of each
+    /// per call.
     pub(crate) async fn sweep(&self) -> Result<u64> {
-        let query = sqlx::query(self.sql.expired.clone());
+        let leases = self
+            .sweep_rows("leases", &self.sql.expired, &self.sql.sweep)
+            .await?;
+        let records = self
+            .sweep_rows("records", &self.sql.expired_records, &self.sql.sweep_record)
+            .await?;
+        Ok(leases + records)
+    }
+
+    /// Finds expired rows with `expired`, a plain read, and deletes them one by one with
+    /// `delete` (which checks the expiry again), so the sweep locks only rows it deletes: a
+    /// scanning delete locks (and waits for) the live rows it passes on MariaDB.
+    async fn sweep_rows(&self, what: &str, expired: &SqlStr, delete: &SqlStr) -> Result<u64> {
+        let query = sqlx::query(expired.clone());
         let rows = self
-            .on_connection("listing expired leases", move |conn| {
+            .on_connection(&format!("listing expired {what}"), move |conn| {
                 Box::pin(query.fetch_all(conn))
             })
             .await?;
         let mut swept = 0;
         for row in rows {
             let key: String = row.try_get(0).map_err(self.fail("reading a key"))?;
-            let query = sqlx::query(self.sql.sweep.clone()).bind(key);
+            let query = sqlx::query(delete.clone()).bind(key);
             swept += self
-                .on_connection("sweeping an expired lease", move |conn| {
+                .on_connection(&format!("sweeping expired {what}"), move |conn| {
                     Box::pin(query.execute(conn))
                 })
                 .await?
                 .rows();
         }
         Ok(swept)
+    }
+
+    /// Stores `record` for `key` for `retention_ms`, only while `lease_id` holds the key
+    /// (one statement: write_record.sql); `false`, writing nothing, when it does not.
+    pub(crate) async fn write_record(
+        &self,
+        key: &LockKey,
+        lease_id: LeaseId,
+        record: &Record,
+        retention_ms: i64,
+    ) -> Result<bool> {
+        let token = i64::try_from(record.token.get()).map_err(|_| {
+            Error::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "fencing token {} does not fit the record table",
+                    record.token
+                ),
+            )
+        })?;
+        let query = sqlx::query(self.sql.write_record.clone())
+            .bind(record.value.clone())
+            .bind(record.fingerprint.clone())
+            .bind(token)
+            .bind(retention_ms)
+            .bind(key.as_str().to_owned())
+            .bind(lease_id.to_string());
+        let done = self
+            .on_connection("writing a record", move |conn| {
+                Box::pin(query.execute(conn))
+            })
+            .await?;
+        // MariaDB counts an upsert that replaced a row as 2 (and one that changed nothing,
+        // writing the same record again, as 1 with matched rows): any count means written.
+        Ok(done.rows() > 0)
+    }
+
+    /// The record of `key` within its retention.
+    pub(crate) async fn read_record(&self, key: &LockKey) -> Result<Option<Record>> {
+        let query = sqlx::query(self.sql.read_record.clone()).bind(key.as_str().to_owned());
+        let row = self
+            .on_connection("reading a record", move |conn| {
+                Box::pin(query.fetch_optional(conn))
+            })
+            .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let (value, fingerprint, token): (Vec<u8>, Option<Vec<u8>>, i64) =
+            (|| Ok::<_, sqlx::Error>((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))()
+                .map_err(self.fail("reading the record"))?;
+        Ok(Some(Record {
+            value,
+            fingerprint,
+            token: token_from(token)?,
+        }))
     }
 
     /// Runs a statement of one dialect's own (a check, a notification) within the same

@@ -1,0 +1,193 @@
+//! The command line, as clap's derive API reads it.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::duration::parse_duration;
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0    success (run: the command's own status; status: every key is held)
+  1    the lock was not acquired (-n, or --wait ran out; see -E); status: a key is free
+  2    usage error (bad option, key, duration or store URL)
+  69   the store is unavailable (unreachable, refused the credentials, misconfigured)
+  75   the lock was lost while the command ran (the command was stopped, see --on-lost)
+  126  the command could not be executed
+  127  the command was not found
+  128+N  the command was killed by signal N (or distlock was interrupted while waiting)";
+
+const STORE_HELP: &str = "\
+Stores:
+  -s/--store URL, else $DISTLOCK_STORE, else a SQLite file in the user's data directory
+  ($XDG_DATA_HOME/distlock/locks.db or ~/.local/share/distlock/locks.db), so distlock
+  works with no server. URLs: memory://NAME (one process only), sqlite:///path/locks.db,
+  postgres://user:pass@host/db, mysql://..., redis://host:port/db,
+  redis+redlock://h1:p1,h2:p2,h3:p3, ... (the schemes this build supports are listed in
+  the error for an unknown one). Passwords are never printed.";
+
+/// Distributed locks from the shell: run a command under a lock, see who holds a lock,
+/// compare the stores.
+#[derive(Debug, Parser)]
+#[command(name = "distlock", version, about, after_help = format!("{STORE_HELP}\n\n{EXIT_CODES}"))]
+pub struct Cli {
+    /// Store URL (repeat for `bench` to compare stores).
+    #[arg(short, long = "store", value_name = "URL", global = true)]
+    pub stores: Vec<String>,
+
+    /// Print the library's tracing output on stderr (RUST_LOG refines it).
+    #[arg(short, long, global = true)]
+    pub verbose: bool,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a command while holding a lock; release it when the command exits.
+    #[command(after_help = format!(
+        "The command gets DISTLOCK_KEY, DISTLOCK_TOKEN (the fencing token: pass it to what \
+         the lock protects) and DISTLOCK_LEASE_ID in its environment, and runs in its own \
+         process group. SIGINT, SIGTERM and SIGHUP sent to distlock are forwarded to that \
+         group. If the lock is lost while the command runs (the store expired it, e.g. \
+         because renewals could not reach the store), the group gets SIGTERM and, \
+         --kill-after later, SIGKILL; distlock then exits 75.\n\n\
+         Examples:\n  distlock run nightly-report -- ./report.sh --full\n  \
+         distlock run -n -E 0 backup -c 'pg_dump app > /backups/app.sql'\n  \
+         distlock -s postgres://app@db/app run -w 2m deploy -- make deploy\n\n{EXIT_CODES}"
+    ))]
+    Run(RunArgs),
+
+    /// Show who holds keys: fencing token, remaining TTL, waiters, holder label.
+    #[command(
+        after_help = "The holder's lease id (the right to release) is never shown.\n\n\
+        Exit codes:\n  0   every key is held\n  1   at least one key is free\n  \
+        2   usage error\n  69  the store is unavailable"
+    )]
+    Status(StatusArgs),
+
+    /// Measure the stores side by side: acquire+release latency, throughput on distinct
+    /// keys, handovers on one key.
+    #[command(
+        after_help = "With no --store: memory and a SQLite file in a temporary \
+        directory (the stores that need no server). $DISTLOCK_STORE is not used here.\n\n\
+        Workloads, the same on every store, each task with its own client:\n  \
+        uncontended   one task, try_lock + release of one key, --runs times: latency\n  \
+        distinct keys --tasks tasks on their own keys for --duration: cycles/s, latency\n  \
+        one key       --tasks tasks on one key for --duration: handovers/s (the holder \
+        changed) and release-to-next-holder latency\n\n\
+        A progress line is shown on stderr when it is a terminal.\n\n\
+        Exit codes:\n  0   done\n  2   usage error\n  69  a store is unavailable"
+    )]
+    Bench(BenchArgs),
+}
+
+/// What to do when the lock is lost while the command runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OnLost {
+    /// SIGTERM to the command's process group, SIGKILL after --kill-after.
+    Term,
+    /// SIGKILL to the command's process group at once.
+    Kill,
+    /// Warn and let the command finish (distlock still exits 75).
+    Ignore,
+}
+
+/// `distlock run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Fail at once if the key is held (exit 1, or -E).
+    #[arg(short, long, conflicts_with = "wait")]
+    pub no_wait: bool,
+
+    /// Wait at most this long for the key (e.g. 500ms, 30s, 2m; a bare number is
+    /// seconds); default: wait for ever.
+    #[arg(short, long, value_name = "DURATION", value_parser = parse_duration)]
+    pub wait: Option<Duration>,
+
+    /// Lease TTL: how long the store keeps the lock if distlock stops renewing it
+    /// (crash, network partition). Renewed automatically while the command runs.
+    #[arg(short, long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s")]
+    pub ttl: Duration,
+
+    /// Exit code when the lock is not acquired.
+    #[arg(short = 'E', long, value_name = "N", default_value_t = 1)]
+    pub conflict_exit_code: u8,
+
+    /// What to do if the lock is lost while the command runs.
+    #[arg(long, value_enum, default_value_t = OnLost::Term)]
+    pub on_lost: OnLost,
+
+    /// Grace period between SIGTERM and SIGKILL after a lost lock.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10s")]
+    pub kill_after: Duration,
+
+    /// Holder label shown by `distlock status` (default: "distlock run, pid N on HOST").
+    #[arg(long, value_name = "TEXT")]
+    pub label: Option<String>,
+
+    /// Run this string with `sh -c` instead of COMMAND.
+    #[arg(
+        short = 'c',
+        long = "command",
+        value_name = "SHELL_COMMAND",
+        conflicts_with = "command"
+    )]
+    pub shell: Option<String>,
+
+    /// The lock's key.
+    pub key: String,
+
+    /// The command and its arguments (after `--` if they start with `-`).
+    #[arg(
+        value_name = "COMMAND",
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        required_unless_present = "shell"
+    )]
+    pub command: Vec<String>,
+}
+
+/// `distlock status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// One JSON array on stdout, one object per key.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The keys to look up.
+    #[arg(required = true, value_name = "KEY")]
+    pub keys: Vec<String>,
+}
+
+/// `distlock bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Timed acquire+release cycles of the uncontended workload (after a tenth as many
+    /// untimed warm-up cycles).
+    #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub runs: u32,
+
+    /// Tasks (each with its own client) of the two contended workloads.
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..=1024))]
+    pub tasks: u32,
+
+    /// How long each contended workload runs, per store.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "2s")]
+    pub duration: Duration,
+
+    /// Lease TTL of every acquisition.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s")]
+    pub ttl: Duration,
+
+    /// Print the results as JSON on stdout instead of the table.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Also write a chart of the results (SVG) to this file.
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<std::path::PathBuf>,
+}

@@ -1,0 +1,83 @@
+//! `distlock`, the command-line tool of distlock: run a command under a lock, see who
+//! holds a lock, compare the stores.
+//!
+//! ```sh
+//! distlock run nightly -- ./report.sh          # waits for the lock, runs, releases
+//! distlock run -n -E 0 backup -c 'make backup' # skip quietly (exit 0) if already running
+//! distlock status nightly --json               # token, remaining TTL, waiters, holder
+//! distlock bench --svg bench.svg               # memory vs SQLite; add --store URL ...
+//! ```
+//!
+//! Every store the `distlock` facade was built with is reachable by URL (`-s/--store`,
+//! `$DISTLOCK_STORE`); with neither, a SQLite file in the user's data directory, so the
+//! tool works with no server. The exit codes are listed in `distlock --help` and in the
+//! repository's README.
+
+mod bench;
+mod child;
+mod cli;
+mod duration;
+mod failure;
+mod run;
+mod status;
+mod store;
+
+use std::io::Write as _;
+use std::process::ExitCode;
+
+use clap::Parser as _;
+
+use crate::cli::{Cli, Command};
+use crate::failure::{Failure, UNAVAILABLE};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if cli.verbose {
+        init_tracing();
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            return report(Failure::new(
+                UNAVAILABLE,
+                format!("starting the runtime: {err}"),
+            ))
+        }
+    };
+    let outcome = runtime.block_on(dispatch(cli));
+    // Nothing is left to wait for: every lock was released (or its release awaited) above.
+    runtime.shutdown_background();
+    match outcome {
+        Ok(code) => ExitCode::from(code),
+        Err(failure) => report(failure),
+    }
+}
+
+async fn dispatch(cli: Cli) -> Result<u8, Failure> {
+    match cli.command {
+        Command::Run(args) => run::run(args, &store::resolve(&cli.stores)?).await,
+        Command::Status(args) => status::status(args, &store::resolve(&cli.stores)?).await,
+        Command::Bench(args) => bench::bench(args, cli.stores).await,
+    }
+}
+
+/// Prints the failure's one line and gives its exit code.
+fn report(failure: Failure) -> ExitCode {
+    let _ = std::io::stdout().flush();
+    eprintln!("distlock: {failure}");
+    ExitCode::from(failure.code)
+}
+
+/// Tracing output on stderr: `RUST_LOG` if set, else the library's info and debug events.
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("info,lock_core=debug,distlock=debug")
+    });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}

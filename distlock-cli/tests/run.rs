@@ -1,0 +1,417 @@
+//! `distlock run` as real processes on a SQLite file: exclusion, the command's
+//! environment, exit codes, a lost lock, signals.
+
+#![cfg(feature = "sqlite")] // Every test runs on a SQLite file (or the default stores).
+
+mod support;
+
+use support::{
+    bare_distlock, is_alive, not_executable, wait_gone, Finished, Running, Store, PATIENCE,
+};
+
+/// A `distlock run` that holds `key` until its stdin is closed, after printing
+/// `held TOKEN`.
+fn holder(store: &Store, key: &str, extra: &[&str]) -> (Running, u64) {
+    let mut args = vec!["run"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&[
+        key,
+        "-c",
+        "echo \"held $DISTLOCK_TOKEN\"; read _; echo released",
+    ]);
+    let running = Running::spawn(store.distlock(&args));
+    let line = running.line();
+    let token = line
+        .strip_prefix("held ")
+        .and_then(|token| token.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+    (running, token)
+}
+
+/// Lets a [`holder`] go and checks it released cleanly.
+fn let_go(holder: Running) {
+    drop(holder.stdin_handle());
+    assert_eq!(holder.line(), "released");
+    assert_eq!(holder.exit_code(), 0, "{}", holder.rest_of_stderr());
+}
+
+#[test]
+fn a_second_run_waits_until_the_first_releases() {
+    let store = Store::sqlite();
+    let (first, first_token) = holder(&store, "job", &[]);
+    let second = Running::spawn(store.distlock(&[
+        "--verbose",
+        "run",
+        "job",
+        "-c",
+        "echo \"second $DISTLOCK_TOKEN\"",
+    ]));
+    // The second found the key held and is waiting: it must not run before the release.
+    second.stderr_line_containing("waiting for the lock");
+    let_go(first);
+    let line = second.line();
+    let second_token: u64 = line
+        .strip_prefix("second ")
+        .and_then(|token| token.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected line {line:?}"));
+    assert!(
+        second_token > first_token,
+        "{second_token} after {first_token}"
+    );
+    assert_eq!(second.exit_code(), 0);
+}
+
+#[test]
+fn without_waiting_a_held_key_is_exit_1_or_the_conflict_code() {
+    let store = Store::sqlite();
+    let (first, _) = holder(&store, "job", &[]);
+    let ran = store.path("ran");
+    let touch = ["--", "touch", ran.to_str().expect("utf-8 path")];
+    let refused = store.output(&[&["run", "-n", "job"][..], &touch].concat());
+    refused.expect_code(1);
+    assert!(
+        refused.stderr.contains("not acquired"),
+        "{}",
+        refused.stderr
+    );
+    assert_eq!(
+        refused.stderr.lines().count(),
+        1,
+        "one line: {}",
+        refused.stderr
+    );
+    store
+        .output(&["run", "--no-wait", "-E", "9", "job", "--", "true"])
+        .expect_code(9);
+    store
+        .output(&["run", "-w", "300ms", "job", "--", "true"])
+        .expect_code(1);
+    assert!(!ran.exists(), "a refused run never starts its command");
+    let_go(first);
+    store
+        .output(&["run", "-n", "job", "--", "true"])
+        .expect_code(0);
+}
+
+#[test]
+fn the_command_gets_key_token_and_lease_id() {
+    let store = Store::sqlite();
+    let run = store.output(&[
+        "run",
+        "reports/daily",
+        "--",
+        "sh",
+        "-c",
+        "echo \"$DISTLOCK_KEY|$DISTLOCK_TOKEN|$DISTLOCK_LEASE_ID\"",
+    ]);
+    run.expect_code(0);
+    let fields: Vec<&str> = run.stdout.trim().split('|').collect();
+    assert_eq!(fields[0], "reports/daily");
+    assert!(fields[1].parse::<u64>().is_ok(), "token {:?}", fields[1]);
+    assert!(
+        fields[2].len() == 32 && fields[2].chars().all(|c| c.is_ascii_hexdigit()),
+        "lease id {:?}",
+        fields[2]
+    );
+}
+
+#[test]
+fn exit_codes_follow_the_command_and_the_lock_is_released_on_every_path() {
+    let store = Store::sqlite();
+    let script = not_executable(store.dir.path());
+    let cases: [(&[&str], i32); 6] = [
+        (&["--", "sh", "-c", "exit 3"], 3),
+        (&["-c", "exit 0"], 0),
+        (&["-c", "kill -TERM $$"], 128 + 15),
+        (&["-c", "kill -KILL $$"], 128 + 9),
+        (&["--", "distlock-test-no-such-command"], 127),
+        (&["--", script.to_str().expect("utf-8 path")], 126),
+    ];
+    for (command, code) in cases {
+        let mut args = vec!["run", "k"];
+        args.extend_from_slice(command);
+        store.output(&args).expect_code(code);
+        // Released whatever the command did: taken again at once.
+        store
+            .output(&["run", "-n", "k", "--", "true"])
+            .expect_code(0);
+    }
+}
+
+#[test]
+fn usage_errors_are_exit_2() {
+    let store = Store::sqlite();
+    for args in [
+        &["run", "k"][..],
+        &["run", "-w", "soon", "k", "true"],
+        &["run", "-t", "0", "k", "true"],
+        &["run", "-n", "-w", "1s", "k", "true"],
+        &["run", "-c", "true", "k", "also-a-command"],
+        &["status"],
+        &["frobnicate"],
+        &["run", "", "true"],
+    ] {
+        let finished = store.output(args);
+        assert_eq!(finished.code, Some(2), "{args:?}: {}", finished.stderr);
+    }
+    let unknown = Finished::of({
+        let mut command = bare_distlock();
+        command.args([
+            "-s",
+            "nosuchstore://u:hunter2@127.0.0.1/x",
+            "run",
+            "k",
+            "true",
+        ]);
+        command
+    });
+    unknown.expect_code(2);
+    assert!(!unknown.stderr.contains("hunter2"), "{}", unknown.stderr);
+}
+
+#[test]
+fn an_unusable_store_is_exit_69_with_the_store_named() {
+    let store = Store::sqlite();
+    // A directory where the database file should be: SQLite cannot open it.
+    let blocked = store.path("blocked.db");
+    std::fs::create_dir(&blocked).expect("mkdir");
+    let url = format!("sqlite://{}", blocked.display());
+    let finished = Finished::of({
+        let mut command = bare_distlock();
+        command.args(["-s", &url, "run", "k", "--", "touch", "ran"]);
+        command
+    });
+    finished.expect_code(69);
+    assert!(
+        finished.stderr.starts_with("distlock: unavailable"),
+        "{}",
+        finished.stderr
+    );
+    assert!(
+        finished.stderr.contains(&url),
+        "names the store: {}",
+        finished.stderr
+    );
+    assert_eq!(finished.stderr.lines().count(), 1, "{}", finished.stderr);
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn an_unreachable_server_is_exit_69_with_the_password_hidden() {
+    let port = conformance_tests::store_process::free_port().expect("a free port");
+    let url = format!("postgres://app:s3cret-pw@127.0.0.1:{port}/db");
+    let finished = Finished::of({
+        let mut command = bare_distlock();
+        command.args(["-s", &url, "run", "-n", "k", "--", "true"]);
+        command
+    });
+    finished.expect_code(69);
+    assert!(
+        !finished.stderr.contains("s3cret-pw"),
+        "{}",
+        finished.stderr
+    );
+    assert!(
+        finished.stderr.contains("app:***@127.0.0.1"),
+        "{}",
+        finished.stderr
+    );
+}
+
+#[test]
+fn the_default_store_is_a_sqlite_file_in_the_data_dir_and_the_environment_can_name_one() {
+    let home = tempfile::tempdir().expect("temp dir");
+    let run = |env: &[(&str, String)]| {
+        let mut command = bare_distlock();
+        command
+            .env("XDG_DATA_HOME", home.path().join("data"))
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .args(["run", "k", "--", "true"]);
+        Finished::of(command)
+    };
+    run(&[]).expect_code(0);
+    assert!(home.path().join("data/distlock/locks.db").is_file());
+    let other = home.path().join("other.db");
+    run(&[("DISTLOCK_STORE", format!("sqlite://{}", other.display()))]).expect_code(0);
+    assert!(other.is_file());
+}
+
+/// Makes `holder` (a `distlock run` with a short TTL) lose its lock on `key` for real:
+/// frozen, it cannot renew, so the store expires the lease; another run taking the key
+/// proves it expired in the store, not just in distlock's head. Then `holder` resumes.
+fn lose_the_lock(store: &Store, holder: &Running, key: &str) {
+    holder.signal("STOP");
+    let taker = Running::spawn(store.distlock(&["run", "-w", "60s", key, "--", "true"]));
+    let taken = taker.exit_code();
+    holder.signal("CONT");
+    assert_eq!(taken, 0, "{}", taker.rest_of_stderr());
+}
+
+#[test]
+fn a_lost_lock_stops_the_whole_process_group() {
+    let store = Store::sqlite();
+    // The command starts a grandchild through the shell, prints its pid and waits on it.
+    let lost = Running::spawn(store.distlock(&[
+        "run",
+        "-t",
+        "1s",
+        "--kill-after",
+        "3s",
+        "job",
+        "-c",
+        "sleep 300 & echo $!; wait",
+    ]));
+    let grandchild: u32 = lost.line().parse().expect("a pid");
+    assert!(is_alive(grandchild));
+    lose_the_lock(&store, &lost, "job");
+    // Back, distlock finds its deadline passed, stops the command's group and says so.
+    lost.stderr_line_containing("lost the lock on \"job\"");
+    assert_eq!(lost.exit_code(), 75, "{}", lost.rest_of_stderr());
+    wait_gone(grandchild);
+}
+
+#[test]
+fn a_lost_lock_escalates_to_sigkill_for_a_grandchild_that_ignores_sigterm() {
+    let store = Store::sqlite();
+    let lost = Running::spawn(store.distlock(&[
+        "run",
+        "-t",
+        "1s",
+        "--kill-after",
+        "1s",
+        "job",
+        "-c",
+        // The shell dies of SIGTERM; the grandchild ignores it and outlives its parent.
+        "sh -c 'trap \"\" TERM; echo $$; while :; do sleep 1; done' & wait",
+    ]));
+    let grandchild: u32 = lost.line().parse().expect("a pid");
+    lose_the_lock(&store, &lost, "job");
+    assert_eq!(lost.exit_code(), 75, "{}", lost.rest_of_stderr());
+    wait_gone(grandchild);
+}
+
+#[test]
+fn on_lost_kill_kills_at_once_and_ignore_lets_the_command_finish_with_exit_75() {
+    let store = Store::sqlite();
+    let killed = Running::spawn(store.distlock(&[
+        "run",
+        "-t",
+        "1s",
+        "--on-lost",
+        "kill",
+        "--kill-after",
+        "1h",
+        "a",
+        "-c",
+        "trap '' TERM; echo started; read _",
+    ]));
+    assert_eq!(killed.line(), "started");
+    lose_the_lock(&store, &killed, "a");
+    // SIGTERM is ignored and the grace period is an hour: only SIGKILL ends it now.
+    assert_eq!(killed.exit_code(), 75, "{}", killed.rest_of_stderr());
+
+    let ignored = Running::spawn(store.distlock(&[
+        "run",
+        "-t",
+        "1s",
+        "--on-lost",
+        "ignore",
+        "b",
+        "-c",
+        "echo started; read _; echo finished",
+    ]));
+    assert_eq!(ignored.line(), "started");
+    lose_the_lock(&store, &ignored, "b");
+    ignored.stderr_line_containing("letting it finish");
+    drop(ignored.stdin_handle());
+    assert_eq!(ignored.line(), "finished");
+    assert_eq!(ignored.exit_code(), 75, "{}", ignored.rest_of_stderr());
+}
+
+#[test]
+fn ctrl_c_is_forwarded_and_releases_the_lock() {
+    let store = Store::sqlite();
+    let interrupted =
+        Running::spawn(store.distlock(&["run", "job", "-c", "echo ready; exec sleep 300"]));
+    assert_eq!(interrupted.line(), "ready");
+    interrupted.signal("INT");
+    assert_eq!(interrupted.exit_code(), 128 + 2);
+    store
+        .output(&["run", "-n", "job", "--", "true"])
+        .expect_code(0);
+}
+
+#[test]
+fn ctrl_c_while_waiting_gives_up_cleanly() {
+    let store = Store::sqlite();
+    let (first, _) = holder(&store, "job", &[]);
+    let waiting = Running::spawn(store.distlock(&["--verbose", "run", "job", "--", "true"]));
+    waiting.stderr_line_containing("waiting for the lock");
+    waiting.signal("INT");
+    assert_eq!(waiting.exit(PATIENCE).code(), Some(128 + 2));
+    let_go(first);
+    store
+        .output(&["run", "-n", "job", "--", "true"])
+        .expect_code(0);
+}
+
+#[test]
+fn help_documents_every_subcommand_and_the_exit_codes() {
+    let help = |args: &[&str]| {
+        let mut command = bare_distlock();
+        command.args(args);
+        let finished = Finished::of(command);
+        finished.expect_code(0);
+        finished.stdout
+    };
+    let top = help(&["--help"]);
+    for needle in [
+        "run",
+        "status",
+        "bench",
+        "--store",
+        "DISTLOCK_STORE",
+        "69",
+        "75",
+        "126",
+        "127",
+        "128+N",
+    ] {
+        assert!(top.contains(needle), "--help lacks {needle:?}:\n{top}");
+    }
+    let run = help(&["run", "--help"]);
+    for needle in [
+        "--no-wait",
+        "--wait",
+        "--ttl",
+        "--conflict-exit-code",
+        "--on-lost",
+        "--kill-after",
+        "-c",
+        "DISTLOCK_TOKEN",
+        "DISTLOCK_LEASE_ID",
+        "process group",
+        "75",
+    ] {
+        assert!(run.contains(needle), "run --help lacks {needle:?}:\n{run}");
+    }
+    let status = help(&["status", "--help"]);
+    assert!(
+        status.contains("--json") && status.contains("lease id"),
+        "{status}"
+    );
+    let bench = help(&["bench", "--help"]);
+    for needle in [
+        "--runs",
+        "--tasks",
+        "--duration",
+        "--json",
+        "--svg",
+        "handovers",
+    ] {
+        assert!(
+            bench.contains(needle),
+            "bench --help lacks {needle:?}:\n{bench}"
+        );
+    }
+}

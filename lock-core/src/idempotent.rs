@@ -1,0 +1,308 @@
+//! Idempotent execution: run a piece of work once per business key, however often it is
+//! retried, and replay its recorded result to every retry.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::{with_timeout, Record};
+use crate::engine::ClientCore;
+use crate::error::{Error, ErrorKind, Result};
+use crate::guard::LockGuard;
+use crate::key::LockKey;
+use crate::options::{AcquireOptions, Backoff, Wait};
+use crate::request::LockRequest;
+use crate::scoped::LockScope;
+
+/// How long a result is kept for retries unless set: one day.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// What an idempotent call did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Execution<E> {
+    /// This call ran the work, and its result is recorded for retries.
+    Ran(Vec<u8>),
+    /// The work had already completed: its recorded result, without running it again.
+    Replayed(Vec<u8>),
+    /// Another caller is running the work right now (and this call did not wait, or not
+    /// long enough, for it to finish).
+    InProgress,
+    /// This call ran the work and it failed. Nothing was recorded: the next call runs it
+    /// again.
+    Failed(E),
+}
+
+/// An idempotent run of a piece of work for one key: build it with
+/// [`LockClient::idempotent`](crate::LockClient::idempotent), refine it, then
+/// [`run`](Self::run) the work.
+///
+/// The run:
+/// 1. reads the key's result record: if the work already completed, its result is
+///    replayed at the cost of that one round trip, and no lock is taken;
+/// 2. otherwise takes the key's lock (not waiting by default: a key being worked on is
+///    [`Execution::InProgress`]);
+/// 3. reads the record again under the lock, which closes the window in which two
+///    callers both saw "not done";
+/// 4. runs the work, and records its result **fenced**: the store writes it only while
+///    this caller still holds the lock, in one atomic step, so a caller whose lock ran
+///    out cannot record over the next holder's result (it gets
+///    [`ErrorKind::Lost`] instead);
+/// 5. releases the lock.
+///
+/// A failed run ([`Execution::Failed`]) records nothing, so the next call runs the work
+/// again. The work is not stopped when the lock is lost (use
+/// [`LockClient::with_lock`](crate::LockClient::with_lock) inside it for that); its
+/// result is then refused. Records are kept for the [`retention`](Self::retention) period
+/// and then forgotten by the store: a retry after that runs the work again.
+///
+/// Needs a backend with [`Capabilities::records`](crate::Capabilities::records); others
+/// refuse with [`ErrorKind::Unsupported`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> lock_core::Result<()> {
+/// use lock_core::{Execution, LockClient, MemoryBackend};
+///
+/// let client = LockClient::new(MemoryBackend::new());
+/// let charge = || async { Ok::<_, String>(b"charged 10 EUR".to_vec()) };
+///
+/// let first = client.idempotent("payment/4711").fingerprint(b"10 EUR").run(|_| charge()).await?;
+/// assert_eq!(first, Execution::Ran(b"charged 10 EUR".to_vec()));
+/// // A retry replays the result without charging again.
+/// let retry = client.idempotent("payment/4711").fingerprint(b"10 EUR").run(|_| charge()).await?;
+/// assert_eq!(retry, Execution::Replayed(b"charged 10 EUR".to_vec()));
+/// // The same key with a different request is refused, not replayed.
+/// let other = client.idempotent("payment/4711").fingerprint(b"99 EUR").run(|_| charge()).await;
+/// assert_eq!(other.unwrap_err().kind(), lock_core::ErrorKind::InvalidInput);
+/// # Ok(())
+/// # }
+/// ```
+#[must_use = "an idempotent request does nothing until run"]
+#[derive(Debug)]
+pub struct IdempotentRequest {
+    core: Arc<ClientCore>,
+    key: Result<LockKey>,
+    /// For the lock the work runs under.
+    options: AcquireOptions,
+    fingerprint: Option<Vec<u8>>,
+    retention: Duration,
+}
+
+impl IdempotentRequest {
+    pub(crate) fn new(
+        core: Arc<ClientCore>,
+        key: Result<LockKey>,
+        defaults: AcquireOptions,
+    ) -> Self {
+        IdempotentRequest {
+            core,
+            key,
+            options: AcquireOptions {
+                wait: Wait::No,
+                ..defaults
+            },
+            fingerprint: None,
+            retention: DEFAULT_RETENTION,
+        }
+    }
+
+    /// Identifies the request the work answers (a hash of its input, say): a retry with a
+    /// different fingerprint is refused with [`ErrorKind::InvalidInput`] instead of being
+    /// replayed another request's result.
+    pub fn fingerprint(mut self, fingerprint: impl AsRef<[u8]>) -> Self {
+        self.fingerprint = Some(fingerprint.as_ref().to_vec());
+        self
+    }
+
+    /// How long the store keeps the result for retries. Default: one day.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// Waits up to `bound` for another caller's run to finish (then replays its result,
+    /// or runs the work if that run failed) instead of answering
+    /// [`Execution::InProgress`] at once.
+    pub fn wait_up_to(mut self, bound: Duration) -> Self {
+        self.options.wait = Wait::UpTo(bound);
+        self
+    }
+
+    /// The TTL of the lock the work runs under (renewed automatically while it runs).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.options.ttl = ttl;
+        self
+    }
+
+    /// Runs `work` unless its result is already recorded; see the type's docs.
+    ///
+    /// The work gets the [`LockScope`] it runs under (for its fencing token) and returns
+    /// its result as bytes, or its own error.
+    pub async fn run<F, Fut, E>(self, work: F) -> Result<Execution<E>>
+    where
+        F: FnOnce(LockScope) -> Fut,
+        Fut: Future<Output = std::result::Result<Vec<u8>, E>>,
+    {
+        let key = self.key?;
+        let backend = &self.core.backend;
+        if !backend.capabilities().records {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!("{} keeps no idempotency records", backend.name()),
+            ));
+        }
+        if self.retention.is_zero() {
+            return Err(Error::invalid(
+                "retention is zero: nothing would be replayed",
+            ));
+        }
+        let run = IdempotentRun {
+            core: self.core,
+            key,
+            request_timeout: self.options.request_timeout,
+            backoff: self.options.backoff,
+            fingerprint: self.fingerprint,
+            retention: self.retention,
+        };
+        // Already done: one round trip, and no lock taken.
+        if let Some(record) = run.read().await? {
+            return run.replay(record);
+        }
+        let lock = LockRequest::new(
+            Arc::clone(&run.core),
+            None,
+            Ok(run.key.clone()),
+            self.options,
+        );
+        let guard = match lock.await {
+            Ok(guard) => guard,
+            Err(err) if matches!(err.kind(), ErrorKind::HeldByAnother | ErrorKind::TimedOut) => {
+                return Ok(Execution::InProgress)
+            }
+            Err(err) => return Err(err),
+        };
+        run.run_locked(guard, work).await
+    }
+}
+
+/// The part of a run that happens under the lock.
+struct IdempotentRun {
+    core: Arc<ClientCore>,
+    key: LockKey,
+    request_timeout: Duration,
+    backoff: Backoff,
+    fingerprint: Option<Vec<u8>>,
+    retention: Duration,
+}
+
+impl IdempotentRun {
+    async fn run_locked<F, Fut, E>(self, guard: LockGuard, work: F) -> Result<Execution<E>>
+    where
+        F: FnOnce(LockScope) -> Fut,
+        Fut: Future<Output = std::result::Result<Vec<u8>, E>>,
+    {
+        // The double check: a run may have completed between the first read and the lock.
+        let recorded = match self.read().await {
+            Ok(recorded) => recorded,
+            Err(err) => {
+                release_quietly(guard).await;
+                return Err(err);
+            }
+        };
+        if let Some(record) = recorded {
+            release_quietly(guard).await;
+            return self.replay(record);
+        }
+        let value = match work(LockScope::new(guard.held().clone())).await {
+            Ok(value) => value,
+            Err(err) => {
+                release_quietly(guard).await;
+                return Ok(Execution::Failed(err));
+            }
+        };
+        let record = Record {
+            value,
+            fingerprint: self.fingerprint.clone(),
+            token: guard.token(),
+        };
+        let written = self.write(&guard, &record).await;
+        match written {
+            // Written while held, so the result stands even if the lease runs out before
+            // the release below.
+            Ok(true) => {
+                release_quietly(guard).await;
+                Ok(Execution::Ran(record.value))
+            }
+            Ok(false) => {
+                release_quietly(guard).await;
+                Err(Error::lost(format!(
+                    "the lock on {:?} was lost before the result was recorded; the result was refused",
+                    self.key.as_str()
+                )))
+            }
+            Err(err) => {
+                release_quietly(guard).await;
+                Err(err)
+            }
+        }
+    }
+}
+
+impl IdempotentRun {
+    /// Records the result under `guard`'s lease: `Ok(false)` when the lease is lost (known
+    /// here already, or found by the store's fence). An unanswered write is retried while
+    /// the lease is valid (the write is idempotent).
+    async fn write(&self, guard: &LockGuard, record: &Record) -> Result<bool> {
+        let mut attempt = 0;
+        loop {
+            let lease = guard.lease();
+            if !guard.is_held() {
+                return Ok(false);
+            }
+            let written = with_timeout(
+                self.request_timeout.min(lease.remaining()),
+                "write_record",
+                self.core
+                    .backend
+                    .write_record(&self.key, lease.id(), record, self.retention),
+            )
+            .await;
+            match written {
+                Err(err) if err.kind() == ErrorKind::Unavailable && guard.is_held() => {
+                    tracing::debug!(key = %self.key, error = %err, "record write unanswered; retrying");
+                    tokio::time::sleep(self.backoff.pause(attempt).min(lease.remaining())).await;
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn read(&self) -> Result<Option<Record>> {
+        with_timeout(
+            self.request_timeout,
+            "read_record",
+            self.core.backend.read_record(&self.key),
+        )
+        .await
+    }
+
+    /// The recorded result, unless it answered a different request.
+    fn replay<E>(&self, record: Record) -> Result<Execution<E>> {
+        match &self.fingerprint {
+            Some(wanted) if record.fingerprint.as_ref() != Some(wanted) => Err(Error::invalid(
+                "the recorded run answered a request with a different fingerprint",
+            )),
+            _ => Ok(Execution::Replayed(record.value)),
+        }
+    }
+}
+
+/// Gives the lock back; the outcome of the run is already decided, so a release that
+/// finds the lease lost changes nothing for the caller (it is logged).
+async fn release_quietly(guard: LockGuard) {
+    let key = guard.key().clone();
+    if let Err(err) = guard.release().await {
+        tracing::debug!(%key, error = %err, "release after an idempotent run: {err}");
+    }
+}

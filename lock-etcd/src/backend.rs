@@ -1,0 +1,540 @@
+//! The etcd `LockBackend`: a client-side mutex with a fair queue, in transactions.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, SortOrder,
+    SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
+};
+use lock_core::backend::{
+    AcquireRequest, Capabilities, Grant, HolderInfo, KeyWatch, LockBackend, Record, Turn,
+};
+use lock_core::{async_trait, Error, ErrorKind, FencingToken, LeaseId, LockKey, Result};
+use tokio::time::timeout;
+
+use crate::config::{EtcdConfig, Layout};
+use crate::error::{is_lease_not_found, map, timed_out};
+use crate::keys::{parse_value, range_end, value, KeySpace};
+use crate::session::{EtcdSession, Sessions};
+use crate::watch::{DirWatch, Own, TurnWatch};
+
+/// How often an idle HTTP/2 connection is pinged: above etcd's default
+/// `--grpc-keepalive-min-time` of 5 s, under which etcd drops the connection.
+const HTTP2_PING_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Locks in etcd: entries attached to the client's etcd leases, a fair queue per key
+/// ordered by create revision, and the owner entry's create revision as fencing token.
+/// See the crate docs for the layout and the guarantees.
+///
+/// Clones share one connection and one set of sessions; dropping the last clone revokes
+/// the client's leases.
+#[derive(Clone)]
+pub struct EtcdBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    capabilities: Capabilities,
+    keys: KeySpace,
+    request_timeout: Duration,
+    endpoints: Vec<String>,
+    sessions: Sessions,
+}
+
+/// The ask of one acquisition: which session it lives by and its entry.
+struct Attempt {
+    session: Arc<EtcdSession>,
+    dir: Vec<u8>,
+    entry: Vec<u8>,
+}
+
+impl EtcdBackend {
+    /// Connects to the cluster `config` names and checks, within the request time-out,
+    /// that it answers and accepts the credentials.
+    pub async fn connect(config: &EtcdConfig) -> Result<Self> {
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(config.connect_timeout)
+            // Notices a silently dead connection, so keep-alives move to a new one. etcd
+            // closes connections that ping more often than every 5 s
+            // (`--grpc-keepalive-min-time`) or ping with no stream open.
+            .with_keep_alive(HTTP2_PING_INTERVAL, config.request_timeout)
+            .with_keep_alive_while_idle(false);
+        if let Some((user, password)) = config.credentials() {
+            options = options.with_user(user, password);
+        }
+        let bound = config.request_timeout;
+        let client = timeout(bound, Client::connect(config.endpoints(), Some(options)))
+            .await
+            .map_err(|_| timed_out("connecting"))?
+            .map_err(|err| map("connecting", err))?;
+        let keys = KeySpace::new(&config.prefix, config.layout);
+        let probe = GetOptions::new().with_limit(1).with_keys_only();
+        timeout(bound, client.kv_client().get(keys.root(), Some(probe)))
+            .await
+            .map_err(|_| timed_out("reading the lock namespace"))?
+            .map_err(|err| map("reading the lock namespace", err))?;
+        Ok(EtcdBackend {
+            inner: Arc::new(Inner {
+                sessions: Sessions::new(client.clone(), bound),
+                client,
+                capabilities: config.capabilities(),
+                keys,
+                request_timeout: bound,
+                endpoints: config.endpoints().to_vec(),
+            }),
+        })
+    }
+
+    /// User keys starting with `key_prefix` that have entries left in etcd (holders or
+    /// waiters), for tests that check nothing is left behind.
+    pub async fn stored_keys(&self, key_prefix: &str) -> Result<Vec<String>> {
+        let mut start = self.inner.keys.root();
+        match self.inner.keys.layout() {
+            Layout::Distlock => {
+                for byte in key_prefix.bytes() {
+                    start.extend_from_slice(format!("{byte:02x}").as_bytes());
+                }
+            }
+            Layout::EtcdMutex => start.extend_from_slice(key_prefix.as_bytes()),
+        }
+        let options = GetOptions::new()
+            .with_range(range_end(&start))
+            .with_keys_only();
+        let found = self
+            .call("listing keys", self.kv().get(start, Some(options)))
+            .await?;
+        let mut keys: Vec<String> = found
+            .kvs()
+            .iter()
+            .filter_map(|kv| self.inner.keys.user_key(kv.key()))
+            .collect();
+        keys.dedup();
+        Ok(keys)
+    }
+
+    fn kv(&self) -> etcd_client::KvClient {
+        self.inner.client.kv_client()
+    }
+
+    /// One request, bounded by the request time-out, its error mapped.
+    async fn call<T>(
+        &self,
+        what: &str,
+        request: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
+    ) -> Result<T> {
+        timeout(self.inner.request_timeout, request)
+            .await
+            .map_err(|_| timed_out(what))?
+            .map_err(|err| map(what, err))
+    }
+
+    /// A transaction that writes with `session`'s lease: a lease the store no longer has
+    /// ends the session, and the attempt is retried under a new one.
+    async fn txn_in(&self, what: &str, session: &EtcdSession, txn: Txn) -> Result<TxnResponse> {
+        let sent = timeout(self.inner.request_timeout, self.kv().txn(txn))
+            .await
+            .map_err(|_| timed_out(what))?;
+        match sent {
+            Err(err) if is_lease_not_found(&err) => {
+                session.ended();
+                Err(Error::new(
+                    ErrorKind::Unavailable,
+                    "etcd: the session's lease ended before the request; retrying under a new one",
+                ))
+            }
+            other => other.map_err(|err| map(what, err)),
+        }
+    }
+
+    /// The session and entry `request` acquires with.
+    async fn attempt(&self, request: &AcquireRequest) -> Result<Attempt> {
+        self.inner.keys.check(request.key())?;
+        let ttl = self.inner.capabilities.store_ttl(request.ttl());
+        let own = self.inner.keys.layout() == Layout::EtcdMutex;
+        let kind = Sessions::kind(request, own, ttl.as_secs());
+        let ticking = request.renewal() == lock_core::Renewal::Auto;
+        let session = self.inner.sessions.session(kind, ttl, ticking).await?;
+        let dir = self.inner.keys.dir(request.key());
+        let entry = self
+            .inner
+            .keys
+            .entry(request.key(), request.lease_id(), session.lease);
+        Ok(Attempt {
+            session,
+            dir,
+            entry,
+        })
+    }
+
+    fn put_entry(&self, request: &AcquireRequest, attempt: &Attempt) -> TxnOp {
+        let label = match self.inner.keys.layout() {
+            Layout::Distlock => request.holder_label(),
+            // Release recognises the entry by its whole value there.
+            Layout::EtcdMutex => None,
+        };
+        TxnOp::put(
+            attempt.entry.clone(),
+            value(request.lease_id(), label),
+            Some(PutOptions::new().with_lease(attempt.session.lease)),
+        )
+    }
+
+    /// The key's entries, oldest first (the first is the owner).
+    fn queue(dir: &[u8], limit: i64) -> TxnOp {
+        TxnOp::get(
+            dir.to_vec(),
+            Some(
+                GetOptions::new()
+                    .with_range(range_end(dir))
+                    .with_sort(SortTarget::Create, SortOrder::Ascend)
+                    .with_limit(limit),
+            ),
+        )
+    }
+
+    fn grant(revision: i64, session: &EtcdSession) -> Result<Grant> {
+        let token = u64::try_from(revision)
+            .map_err(|_| Error::new(ErrorKind::Internal, "etcd returned a negative revision"))?;
+        Ok(Grant::in_session(
+            FencingToken::new(token),
+            session.keeper.session(),
+        ))
+    }
+
+    /// Where `lease_id`'s entry on `key` is, and what it holds.
+    async fn locate(&self, key: &LockKey, lease_id: LeaseId) -> Result<Option<KeyValue>> {
+        let dir = self.inner.keys.dir(key);
+        let mut found = match self.inner.keys.known_entry(key, lease_id) {
+            Some(entry) => {
+                self.call("reading an entry", self.kv().get(entry, None))
+                    .await?
+            }
+            None => {
+                let options = GetOptions::new().with_range(range_end(&dir));
+                self.call("reading a queue", self.kv().get(dir, Some(options)))
+                    .await?
+            }
+        };
+        Ok(found
+            .take_kvs()
+            .into_iter()
+            .find(|kv| parse_value(kv.value()).is_some_and(|(id, _)| id == lease_id)))
+    }
+
+    /// Deletes `lease_id`'s entry on `key` if it is there, only that entry: its name (or,
+    /// in the etcd-mutex layout, its value) identifies the acquisition. `true` if it was.
+    async fn delete_entry(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
+        let (entry, guard) = match self.inner.keys.known_entry(key, lease_id) {
+            Some(entry) => (
+                entry.clone(),
+                Compare::create_revision(entry, CompareOp::Greater, 0),
+            ),
+            None => match self.locate(key, lease_id).await? {
+                Some(kv) => (
+                    kv.key().to_vec(),
+                    Compare::value(kv.key().to_vec(), CompareOp::Equal, kv.value().to_vec()),
+                ),
+                None => return Ok(false),
+            },
+        };
+        let txn = Txn::new()
+            .when([guard])
+            .and_then([TxnOp::delete(entry, None)]);
+        let done = self.call("releasing", self.kv().txn(txn)).await?;
+        Ok(done.succeeded())
+    }
+}
+
+/// The key-values a transaction's `index`th operation read.
+fn read(response: &TxnResponse, index: usize) -> Vec<KeyValue> {
+    match response.op_responses().into_iter().nth(index) {
+        Some(TxnOpResponse::Get(mut got)) => got.take_kvs(),
+        _ => Vec::new(),
+    }
+}
+
+fn revision_of(response: &TxnResponse) -> i64 {
+    response.header().map_or(0, |h| h.revision())
+}
+
+#[async_trait]
+impl LockBackend for EtcdBackend {
+    fn name(&self) -> &'static str {
+        "etcd"
+    }
+
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.capabilities
+    }
+
+    #[tracing::instrument(level = "debug", name = "etcd.acquire", skip_all, fields(key = request.key().as_str()))]
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
+        let attempt = self.attempt(request).await?;
+        // Free only when nobody holds or queues: a try never jumps the queue.
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(attempt.dir.clone(), CompareOp::Equal, 0)
+                    .with_range(range_end(&attempt.dir)),
+            ])
+            .and_then([self.put_entry(request, &attempt)])
+            .or_else([
+                TxnOp::get(attempt.entry.clone(), None),
+                Self::queue(&attempt.dir, 1),
+            ]);
+        let response = self.txn_in("acquiring", &attempt.session, txn).await?;
+        if response.succeeded() {
+            // The entry was created by this transaction, at its revision.
+            return Self::grant(revision_of(&response), &attempt.session).map(Some);
+        }
+        let own = read(&response, 0);
+        let owner = read(&response, 1);
+        match (own.first(), owner.first()) {
+            // A retry whose first reply was lost: the same entry, the same token.
+            (Some(own), Some(owner)) if own.key() == owner.key() => {
+                Self::grant(own.create_revision(), &attempt.session).map(Some)
+            }
+            (Some(_), _) => Ok(None),
+            (None, _) => {
+                self.inner.sessions.end_own(request.lease_id());
+                Ok(None)
+            }
+        }
+    }
+
+    #[tracing::instrument(level = "debug", name = "etcd.renew", skip_all, fields(key = key.as_str()))]
+    async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
+        let Some(entry) = self.locate(key, lease_id).await? else {
+            return Ok(false);
+        };
+        let Some(session) = self.inner.sessions.by_lease(entry.lease()) else {
+            // Held under a lease of another client instance: keep that lease alive once
+            // (opening the stream sends one keep-alive and fails if the lease is gone).
+            return match self
+                .inner
+                .client
+                .lease_client()
+                .keep_alive(entry.lease())
+                .await
+            {
+                Ok(_) => Ok(true),
+                Err(err) if is_lease_not_found(&err) => Ok(false),
+                Err(err) => Err(map("keeping a lease alive", err)),
+            };
+        };
+        let session_ttl = session.keeper.status().ttl;
+        if ttl > session_ttl {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "etcd keeps a lease for the TTL it was granted with ({session_ttl:?}); \
+                     it cannot be renewed for longer ({ttl:?})"
+                ),
+            ));
+        }
+        session.ping().await
+    }
+
+    #[tracing::instrument(level = "debug", name = "etcd.release", skip_all, fields(key = key.as_str()))]
+    async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
+        // A lock with a lease of its own goes with its lease: one write, not two.
+        match self.inner.sessions.revoke_own(lease_id).await {
+            Some(revoked) => revoked,
+            None => self.delete_entry(key, lease_id).await,
+        }
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
+        let dir = self.inner.keys.dir(key);
+        let options = GetOptions::new()
+            .with_range(range_end(&dir))
+            .with_sort(SortTarget::Create, SortOrder::Ascend);
+        let mut found = self
+            .call("inspecting", self.kv().get(dir, Some(options)))
+            .await?;
+        let entries = found.take_kvs();
+        let Some(owner) = entries.first() else {
+            return Ok(None);
+        };
+        let left = self
+            .call(
+                "reading a lease",
+                self.inner
+                    .client
+                    .lease_client()
+                    .time_to_live(owner.lease(), None),
+            )
+            .await?;
+        if left.ttl() < 0 {
+            return Ok(None);
+        }
+        let (lease_id, holder) = parse_value(owner.value())
+            // An entry of etcd's own mutex: its etcd lease is the closest to an identity.
+            .unwrap_or((LeaseId::from_u128(owner.lease() as u128), None));
+        Ok(Some(HolderInfo {
+            lease_id,
+            token: FencingToken::new(u64::try_from(owner.create_revision()).unwrap_or(0)),
+            remaining_ttl: Duration::from_secs(u64::try_from(left.ttl()).unwrap_or(0)),
+            waiters: Some(entries.len() - 1),
+            holder,
+        }))
+    }
+
+    async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {
+        let dir = self.inner.keys.dir(key);
+        let watch = DirWatch::start(&self.inner.client, dir, self.inner.request_timeout).await?;
+        Ok(Some(Box::new(watch)))
+    }
+
+    #[tracing::instrument(level = "debug", name = "etcd.enqueue", skip_all, fields(key = request.key().as_str()))]
+    async fn enqueue(&self, request: &AcquireRequest) -> Result<()> {
+        let attempt = self.attempt(request).await?;
+        // Idempotent: a retry finds its entry and keeps its place.
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                attempt.entry.clone(),
+                CompareOp::Equal,
+                0,
+            )])
+            .and_then([self.put_entry(request, &attempt)]);
+        self.txn_in("queueing", &attempt.session, txn).await?;
+        Ok(())
+    }
+
+    #[tracing::instrument(level = "debug", name = "etcd.acquire_queued", skip_all, fields(key = request.key().as_str()))]
+    async fn try_acquire_queued(&self, request: &AcquireRequest) -> Result<Turn> {
+        let attempt = self.attempt(request).await?;
+        // Only a live entry may be granted (etcd issue 11456): the entry must exist in the
+        // same transaction that finds it first, and it exists only while its lease does.
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                attempt.entry.clone(),
+                CompareOp::Greater,
+                0,
+            )])
+            .and_then([Self::queue(&attempt.dir, 1)]);
+        let mut kv = self.kv();
+        let looked = self.call("acquiring", kv.txn(txn));
+        let kept = async {
+            // A waiter renewed by hand has nothing else keeping its entry alive.
+            if request.renewal() == lock_core::Renewal::Manual {
+                attempt.session.ping().await.map(drop)
+            } else {
+                Ok(())
+            }
+        };
+        let (response, kept) = tokio::join!(looked, kept);
+        let response = response?;
+        kept?;
+        if !response.succeeded() {
+            return Ok(Turn::NotQueued);
+        }
+        match read(&response, 0).first() {
+            Some(owner) if owner.key() == attempt.entry.as_slice() => Ok(Turn::Granted(
+                Self::grant(owner.create_revision(), &attempt.session)?,
+            )),
+            _ => Ok(Turn::Waiting),
+        }
+    }
+
+    #[tracing::instrument(level = "debug", name = "etcd.leave_queue", skip_all, fields(key = key.as_str()))]
+    async fn leave_queue(&self, key: &LockKey, lease_id: LeaseId) -> Result<()> {
+        match self.inner.sessions.revoke_own(lease_id).await {
+            Some(revoked) => revoked.map(drop),
+            None => self.delete_entry(key, lease_id).await.map(drop),
+        }
+    }
+
+    async fn watch_turn(&self, request: &AcquireRequest) -> Result<Option<Box<dyn KeyWatch>>> {
+        let keys = &self.inner.keys;
+        let own = match keys.known_entry(request.key(), request.lease_id()) {
+            Some(entry) => Own::Entry(entry),
+            None => Own::Value(request.lease_id()),
+        };
+        Ok(Some(Box::new(TurnWatch::new(
+            self.inner.client.clone(),
+            keys.dir(request.key()),
+            own,
+            self.inner.request_timeout,
+        ))))
+    }
+
+    async fn read_record(&self, key: &LockKey) -> Result<Option<Record>> {
+        let mut found = self
+            .call(
+                "reading a record",
+                self.kv().get(self.inner.keys.record(key), None),
+            )
+            .await?;
+        Ok(found
+            .take_kvs()
+            .first()
+            .and_then(|kv| Record::from_bytes(kv.value())))
+    }
+
+    /// Fenced in one transaction: the record is written only if the caller's entry exists
+    /// (so its etcd lease is alive) with the create revision it was granted with, and no
+    /// entry of the key's directory is older (so it is still the owner).
+    #[tracing::instrument(level = "debug", name = "etcd.write_record", skip_all, fields(key = key.as_str()))]
+    async fn write_record(
+        &self,
+        key: &LockKey,
+        lease_id: LeaseId,
+        record: &Record,
+        retention: Duration,
+    ) -> Result<bool> {
+        let Some(entry) = self.locate(key, lease_id).await? else {
+            return Ok(false);
+        };
+        let granted = entry.create_revision();
+        if u64::try_from(granted).ok() != Some(record.token.get()) {
+            return Ok(false);
+        }
+        // The record expires with a lease of its own, on the cluster's clock.
+        let seconds = i64::try_from(retention.as_secs_f64().ceil() as u64)
+            .map_err(|_| Error::new(ErrorKind::InvalidInput, "retention too long for etcd"))?
+            .max(1);
+        let lease = self
+            .call(
+                "granting a record's lease",
+                self.inner.client.lease_client().grant(seconds, None),
+            )
+            .await?;
+        let dir = self.inner.keys.dir(key);
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(entry.key().to_vec(), CompareOp::Equal, granted),
+                Compare::create_revision(dir.clone(), CompareOp::Greater, granted - 1)
+                    .with_range(range_end(&dir)),
+            ])
+            .and_then([TxnOp::put(
+                self.inner.keys.record(key),
+                record.to_bytes(),
+                Some(PutOptions::new().with_lease(lease.id())),
+            )]);
+        let written = self.call("writing a record", self.kv().txn(txn)).await?;
+        if !written.succeeded() {
+            // Nothing is attached to the lease: give it back rather than let it wait out
+            // the retention.
+            let _ = self
+                .call(
+                    "revoking a record's lease",
+                    self.inner.client.lease_client().revoke(lease.id()),
+                )
+                .await;
+        }
+        Ok(written.succeeded())
+    }
+}
+
+impl fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("endpoints", &self.inner.endpoints)
+            .field("keys", &self.inner.keys)
+            .finish_non_exhaustive()
+    }
+}

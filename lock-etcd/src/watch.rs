@@ -1,0 +1,172 @@
+//! Waiting with etcd watches: a queued waiter watches only its predecessor's entry, from
+//! the revision at which it saw it, so a deletion in between is never missed.
+
+use std::time::Duration;
+
+use etcd_client::{
+    Client, EventType, GetOptions, SortOrder, SortTarget, WatchFilterType, WatchOptions,
+    WatchStream,
+};
+use lock_core::async_trait;
+use lock_core::backend::{Change, KeyWatch};
+use lock_core::{LeaseId, Result};
+use tokio::time::timeout;
+
+use crate::error::{map, timed_out};
+use crate::keys::{parse_value, range_end};
+
+/// How a waiter recognises its own entry in the key's directory.
+#[derive(Clone, Debug)]
+pub(crate) enum Own {
+    /// The entry's name (the distlock layout names it after the lease id).
+    Entry(Vec<u8>),
+    /// The entry whose value carries the lease id (the etcd-mutex layout).
+    Value(LeaseId),
+}
+
+/// Wakes a queued waiter when its predecessor's entry is deleted (released, left, or
+/// expired with its lease). After each wake-up it picks the new predecessor.
+pub(crate) struct TurnWatch {
+    client: Client,
+    dir: Vec<u8>,
+    own: Own,
+    request_timeout: Duration,
+    current: Option<WatchStream>,
+}
+
+impl TurnWatch {
+    pub(crate) fn new(client: Client, dir: Vec<u8>, own: Own, request_timeout: Duration) -> Self {
+        TurnWatch {
+            client,
+            dir,
+            own,
+            request_timeout,
+            current: None,
+        }
+    }
+
+    /// Looks at the queue and watches the entry just ahead of ours from the revision of
+    /// that look. `None` when there is nothing to wait for: our entry is first, or gone.
+    async fn watch_predecessor(&self) -> Result<Option<WatchStream>> {
+        let options = GetOptions::new()
+            .with_range(range_end(&self.dir))
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_keys_only();
+        let options = match self.own {
+            Own::Entry(_) => options,
+            // The value says whose entry it is.
+            Own::Value(_) => GetOptions::new()
+                .with_range(range_end(&self.dir))
+                .with_sort(SortTarget::Create, SortOrder::Ascend),
+        };
+        let found = timeout(
+            self.request_timeout,
+            self.client.kv_client().get(self.dir.clone(), Some(options)),
+        )
+        .await
+        .map_err(|_| timed_out("looking at the queue"))?
+        .map_err(|err| map("looking at the queue", err))?;
+        let revision = found.header().map_or(0, |h| h.revision());
+        let position = found.kvs().iter().position(|kv| match &self.own {
+            Own::Entry(entry) => kv.key() == entry.as_slice(),
+            Own::Value(lease_id) => parse_value(kv.value()).is_some_and(|(id, _)| id == *lease_id),
+        });
+        let Some(predecessor) = position
+            .filter(|at| *at > 0)
+            .map(|at| found.kvs()[at - 1].key().to_vec())
+        else {
+            return Ok(None);
+        };
+        let options = WatchOptions::new()
+            .with_start_revision(revision + 1)
+            .with_filters([WatchFilterType::NoPut]);
+        let stream = timeout(
+            self.request_timeout,
+            self.client.watch_client().watch(predecessor, Some(options)),
+        )
+        .await
+        .map_err(|_| timed_out("watching the queue"))?
+        .map_err(|err| map("watching the queue", err))?;
+        Ok(Some(stream))
+    }
+}
+
+#[async_trait]
+impl KeyWatch for TurnWatch {
+    async fn changed(&mut self) -> Result<Change> {
+        loop {
+            let Some(stream) = self.current.as_mut() else {
+                match self.watch_predecessor().await? {
+                    Some(stream) => {
+                        self.current = Some(stream);
+                        continue;
+                    }
+                    // Our turn may have come (or our entry is gone): look again.
+                    None => return Ok(Change::LookAgain),
+                }
+            };
+            match stream.message().await {
+                Ok(Some(reply)) if reply.canceled() || reply.compact_revision() > 0 => {
+                    // A cancelled or compacted watch may have missed the deletion.
+                    self.current = None;
+                    return Ok(Change::LookAgain);
+                }
+                Ok(Some(reply)) => {
+                    if reply
+                        .events()
+                        .iter()
+                        .any(|event| event.event_type() == EventType::Delete)
+                    {
+                        self.current = None;
+                        return Ok(Change::Released);
+                    }
+                }
+                Ok(None) | Err(_) => {
+                    self.current = None;
+                    return Ok(Change::LookAgain);
+                }
+            }
+        }
+    }
+}
+
+/// Wakes every waiter of a key when any entry of its directory is deleted.
+pub(crate) struct DirWatch(pub(crate) WatchStream);
+
+impl DirWatch {
+    pub(crate) async fn start(client: &Client, dir: Vec<u8>, bound: Duration) -> Result<Self> {
+        let options = WatchOptions::new()
+            .with_range(range_end(&dir))
+            .with_filters([WatchFilterType::NoPut]);
+        let stream = timeout(bound, client.watch_client().watch(dir, Some(options)))
+            .await
+            .map_err(|_| timed_out("watching a key"))?
+            .map_err(|err| map("watching a key", err))?;
+        Ok(DirWatch(stream))
+    }
+}
+
+#[async_trait]
+impl KeyWatch for DirWatch {
+    async fn changed(&mut self) -> Result<Change> {
+        loop {
+            match self.0.message().await {
+                Ok(Some(reply)) if reply.canceled() || reply.compact_revision() > 0 => {
+                    return Err(lock_core::Error::new(
+                        lock_core::ErrorKind::Unavailable,
+                        "etcd cancelled the watch",
+                    ))
+                }
+                Ok(Some(reply)) if !reply.events().is_empty() => return Ok(Change::Released),
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    return Err(lock_core::Error::new(
+                        lock_core::ErrorKind::Unavailable,
+                        "etcd ended the watch",
+                    ))
+                }
+                Err(err) => return Err(map("watching a key", err)),
+            }
+        }
+    }
+}

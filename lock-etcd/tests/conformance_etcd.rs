@@ -1,0 +1,7 @@
+//! The conformance suite against one private single-member etcd.
+
+mod support;
+
+fn main() -> std::process::ExitCode {
+    conformance_tests::run_suite(|| async { Ok(vec![support::EtcdFactory::single().await?]) })
+}

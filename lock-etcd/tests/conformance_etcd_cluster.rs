@@ -1,0 +1,8 @@
+//! The conformance suite against a private three-member etcd cluster, through all three
+//! endpoints.
+
+mod support;
+
+fn main() -> std::process::ExitCode {
+    conformance_tests::run_suite(|| async { Ok(vec![support::EtcdFactory::cluster().await?]) })
+}

@@ -1,0 +1,308 @@
+//! Faults against real etcd processes: partitions, a frozen and a restarted server, a
+//! holder process killed, hostile keys, authentication and unreachable endpoints.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use conformance_tests::proxy::{ProxyMode, TcpFaultProxy};
+use conformance_tests::{everything_shown, SLACK};
+use lock_core::{ErrorKind, LockClient, LockKey};
+use support::{closed_addr, connect, etcd_url, etcdctl, start_etcd};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const TTL: Duration = Duration::from_secs(2);
+
+/// etcd's lessor looks for expired leases twice a second, so a dead holder's lease ends
+/// up to this long after its TTL ran out.
+const LESSOR_CHECK: Duration = Duration::from_millis(500);
+
+/// What the test binary runs as when re-invoked as a holder process.
+const CHILD_URL: &str = "DISTLOCK_ETCD_CHILD_URL";
+const CHILD_KEY: &str = "DISTLOCK_ETCD_CHILD_KEY";
+
+async fn client(url: &str) -> LockClient {
+    LockClient::from_dyn(connect(url).await)
+}
+
+/// A partition longer than the TTL: the holder's `lost()` fires no later than the rival's
+/// grant, and the old holder's release afterwards leaves the rival's lock intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_longer_than_the_ttl_loses_before_a_rival_is_granted() {
+    let server = start_etcd().await;
+    let proxy = TcpFaultProxy::start(server.addr()).await.unwrap();
+    let holder = client(&etcd_url(&[proxy.addr()], "")).await;
+    let rival = client(&etcd_url(&[server.addr()], "")).await;
+    let guard = holder.lock("partitioned").ttl(TTL).await.unwrap();
+    proxy.set_mode(ProxyMode::BlackHole);
+    let waiting = tokio::spawn(async move {
+        let guard = rival.lock("partitioned").ttl(TTL).wait_up_to(TTL * 5).await;
+        (guard, Instant::now(), rival)
+    });
+    tokio::time::timeout(TTL * 3, guard.lost())
+        .await
+        .expect("lost() did not fire during the partition");
+    let (taken, taken_at, rival) = waiting.await.unwrap();
+    let taken = taken.expect("the rival never got the key");
+    assert!(
+        guard.lease().valid_until() <= taken_at,
+        "the rival got the key {:?} before the holder's deadline",
+        guard.lease().valid_until() - taken_at
+    );
+    assert!(taken.token() > guard.token());
+    proxy.set_mode(ProxyMode::Pass);
+    let late = guard.release().await;
+    assert_eq!(late.unwrap_err().kind(), ErrorKind::Lost);
+    let status = rival.inspect("partitioned").await.unwrap().unwrap();
+    assert_eq!(
+        status.token,
+        taken.token(),
+        "the late release touched the new holder"
+    );
+    assert!(taken.is_held());
+    taken.release().await.unwrap();
+}
+
+/// A frozen server makes requests `Unavailable` within the request time-out; a freeze
+/// longer than the TTL loses the lock, and once resumed the key is taken again with a
+/// greater token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frozen_server_is_unavailable_then_recovers() {
+    let server = start_etcd().await;
+    let url = etcd_url(&[server.addr()], "request_timeout_ms=1000");
+    let holder = client(&url).await;
+    let rival = client(&url).await;
+    let guard = holder.lock("frozen").ttl(TTL).await.unwrap();
+    server.pause().unwrap();
+    let started = Instant::now();
+    let refused = rival.lock("frozen").ttl(TTL).no_wait().await;
+    assert_eq!(refused.unwrap_err().kind(), ErrorKind::Unavailable);
+    assert!(
+        started.elapsed() <= Duration::from_secs(1) + SLACK,
+        "gave up after {:?}",
+        started.elapsed()
+    );
+    tokio::time::timeout(TTL * 2, guard.lost())
+        .await
+        .expect("lost() did not fire while the server was frozen");
+    server.resume().unwrap();
+    let again = rival
+        .lock("frozen")
+        .ttl(TTL)
+        .wait_up_to(TTL * 5)
+        .await
+        .unwrap();
+    assert!(again.token() > guard.token());
+    again.release().await.unwrap();
+}
+
+/// etcd keeps locks, leases and revisions on disk: killed and restarted with a lock held,
+/// it still has the lock, and the next holder's token is greater.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_keeps_the_lock_and_tokens_keep_growing() {
+    let mut server = start_etcd().await;
+    let url = etcd_url(&[server.addr()], "");
+    let holder = client(&url).await;
+    let guard = holder.lock("restarted").ttl(TTL).await.unwrap();
+    let before = guard.token();
+    server.kill().unwrap();
+    server.restart().await.unwrap();
+    let observer = client(&url).await;
+    // The holder either kept its lock through the restart or saw it lost; never both.
+    match observer.inspect("restarted").await.unwrap() {
+        Some(status) => {
+            assert_eq!(status.token, before, "someone else holds the key");
+            guard.release().await.unwrap();
+        }
+        None => assert_eq!(guard.release().await.unwrap_err().kind(), ErrorKind::Lost),
+    }
+    let next = observer
+        .lock("restarted")
+        .ttl(TTL)
+        .wait_up_to(TTL * 5)
+        .await
+        .unwrap();
+    assert!(
+        next.token() > before,
+        "token {} after the restart, {before} before",
+        next.token()
+    );
+    next.release().await.unwrap();
+}
+
+/// Run only as the child of `killed_holder_process_hands_over_to_a_queued_waiter`: holds
+/// the key it is given, says so, and waits to be killed.
+#[tokio::test]
+#[ignore = "a helper process, started by another test"]
+async fn holder_process() {
+    let (Ok(url), Ok(key)) = (std::env::var(CHILD_URL), std::env::var(CHILD_KEY)) else {
+        panic!("run by killed_holder_process_hands_over_to_a_queued_waiter only");
+    };
+    let guard = client(&url).await.lock(&key).ttl(TTL).await.unwrap();
+    println!("HELD {}", guard.token());
+    std::future::pending::<()>().await;
+}
+
+/// A holder process SIGKILLed: its lease runs out within the TTL (give or take etcd's
+/// expiry check) and the waiter queued in another process gets the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_holder_process_hands_over_to_a_queued_waiter() {
+    let server = start_etcd().await;
+    let url = etcd_url(&[server.addr()], "");
+    let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "holder_process", "--nocapture"])
+        .env(CHILD_URL, &url)
+        .env(CHILD_KEY, "crashed")
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let held: u64 = loop {
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("the holder process never held the key")
+            .unwrap()
+            .expect("the holder process ended without holding the key");
+        if let Some(token) = line.strip_prefix("HELD ") {
+            break token.parse().unwrap();
+        }
+    };
+    let waiter = client(&url).await;
+    let observer = connect(&url).await;
+    let key = LockKey::new("crashed").unwrap();
+    let waiting = tokio::spawn(async move {
+        let guard = waiter.lock("crashed").ttl(TTL).wait_up_to(TTL * 5).await;
+        (guard, Instant::now())
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while observer
+        .inspect(&key)
+        .await
+        .unwrap()
+        .and_then(|i| i.waiters)
+        != Some(1)
+    {
+        assert!(Instant::now() < deadline, "the waiter never queued");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    child.kill().await.unwrap();
+    let killed_at = Instant::now();
+    let (guard, got_at) = waiting.await.unwrap();
+    let guard = guard.expect("the queued waiter never got the key");
+    assert!(
+        got_at - killed_at <= TTL + LESSOR_CHECK + SLACK,
+        "the key was free only {:?} after the holder died",
+        got_at - killed_at
+    );
+    assert!(guard.token().get() > held);
+    guard.release().await.unwrap();
+}
+
+/// Keys whose plain prefixes overlap (`a`, `a/b`, `ab`, `a/`, ...) and keys full of
+/// etcd-ish and hostile characters are held at once; each sees only its own entries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_and_hostile_keys_are_held_at_once() {
+    let server = start_etcd().await;
+    let url = etcd_url(&[server.addr()], "");
+    let keys = [
+        "a",
+        "a/b",
+        "ab",
+        "a/",
+        "a0",
+        "a\u{1}",
+        "a\u{7f}",
+        "a b",
+        "",
+        "/",
+        "//",
+        "\\",
+        "*",
+        "a\u{ff}",
+        "ä",
+        "../a",
+        "%2F",
+        "a\nb",
+        "\u{10ffff}",
+    ];
+    let keys: Vec<&str> = keys
+        .into_iter()
+        .filter(|key| LockKey::new(key).is_ok())
+        .collect();
+    assert!(keys.len() > 10, "too few keys accepted: {keys:?}");
+    let holder = client(&url).await;
+    let mut guards = Vec::new();
+    for key in &keys {
+        let guard = holder.lock(key).ttl(TTL * 5).no_wait().await;
+        guards.push(guard.unwrap_or_else(|err| panic!("{key:?} was not free: {err}")));
+    }
+    let observer = client(&url).await;
+    for (key, guard) in keys.iter().zip(&guards) {
+        let status = observer.inspect(key).await.unwrap().unwrap();
+        assert_eq!(status.token, guard.token(), "{key:?} shows another's entry");
+        assert_eq!(status.waiters, Some(0), "{key:?} counts another's entry");
+    }
+    // Releasing one key leaves every other held.
+    let mut guards = guards.into_iter();
+    guards.next().unwrap().release().await.unwrap();
+    assert!(observer.inspect(keys[0]).await.unwrap().is_none());
+    for (key, guard) in keys.iter().skip(1).zip(guards) {
+        let status = observer.inspect(key).await.unwrap();
+        assert_eq!(status.map(|s| s.token), Some(guard.token()), "{key:?}");
+        guard.release().await.unwrap();
+    }
+}
+
+/// With etcd's authentication on, a wrong password and a missing user are
+/// `PermissionDenied`, and the password is never shown; the right one works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_or_missing_credentials_are_permission_denied() {
+    let server = start_etcd().await;
+    let addrs = [server.addr()];
+    etcdctl(
+        &addrs,
+        &["user", "add", "root:R00t-pass", "--interactive=false"],
+    )
+    .await;
+    etcdctl(&addrs, &["auth", "enable"]).await;
+    let options = "request_timeout_ms=2000";
+    let wrong = format!("etcd://root:Wr0ng-pass@{}/locks?{options}", server.addr());
+    let err = lock_etcd::connect(&wrong).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err:?}");
+    assert!(!everything_shown(&err).contains("Wr0ng-pass"), "{err:?}");
+    let missing = format!("etcd://{}/locks?{options}", server.addr());
+    let err = lock_etcd::connect(&missing).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err:?}");
+    let right = format!("etcd://root:R00t-pass@{}/locks?{options}", server.addr());
+    let backend = lock_etcd::connect(&right).await.unwrap();
+    assert!(!format!("{backend:?}").contains("R00t-pass"));
+    let guard = LockClient::from_dyn(backend)
+        .lock("k")
+        .ttl(TTL)
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+}
+
+/// Nothing listening, or a listener that never answers: `Unavailable` within the request
+/// time-out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_endpoints_are_unavailable_within_the_request_timeout() {
+    let silent = TcpFaultProxy::start(closed_addr()).await.unwrap();
+    silent.set_mode(ProxyMode::BlackHole);
+    for addr in [closed_addr(), silent.addr()] {
+        let started = Instant::now();
+        let err = lock_etcd::connect(&etcd_url(&[addr], "request_timeout_ms=500"))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unavailable, "{err:?}");
+        assert!(
+            started.elapsed() <= Duration::from_millis(500) + SLACK,
+            "{addr}: gave up after {:?}",
+            started.elapsed()
+        );
+    }
+}

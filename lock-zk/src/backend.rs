@@ -1,0 +1,881 @@
+//! The ZooKeeper backend: the queue recipe on the client's primitives.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures_util::StreamExt;
+use lock_core::backend::{
+    lock_unpoisoned as lock, AcquireRequest, Grant, HolderInfo, KeyWatch, LockBackend, Record,
+    SessionKeeper, Turn,
+};
+use lock_core::{
+    async_trait, Capabilities, Error, ErrorKind, FencingToken, LeaseId, Liveness, LockKey, Renewal,
+    Result,
+};
+use tracing::Instrument;
+use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, MultiWriteError};
+
+use crate::config::{Layout, ZkConfig};
+use crate::error::from_zk;
+use crate::keys::{
+    contenders, decode_key, lock_parent, node_prefix, record_path, records_dir, Contender,
+};
+use crate::session::{connect, Sessions, ZkSession};
+use crate::watch::{Ahead, TurnWatch};
+
+/// Fair, session-bound locks in ZooKeeper.
+///
+/// Clones share one client: its control session (lookups, releases of leases it does not
+/// know), its lease sessions and its record of the nodes it created. See the crate docs for
+/// the recipe, the TTL-to-session mapping and the fencing token.
+#[derive(Clone, Debug)]
+pub struct ZkBackend {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: ZkConfig,
+    control: Client,
+    sessions: Sessions,
+    capabilities: Capabilities,
+    acls: Acls<'static>,
+    /// The nodes this client created, by lease id.
+    own: Mutex<HashMap<LeaseId, Own>>,
+    /// Lease ids whose node creation got no answer, with the session it was sent in: the
+    /// node may exist, and is looked for by its name before another is created (Curator's
+    /// protected mode), or when the lease is given up. The look goes through that session,
+    /// whose requests the server handles in order, so it cannot miss a creation still on
+    /// its way.
+    uncertain: Mutex<HashMap<LeaseId, Arc<ZkSession>>>,
+}
+
+/// A node this client created.
+#[derive(Clone, Debug)]
+struct Own {
+    parent: String,
+    name: String,
+    czxid: i64,
+    session: Arc<ZkSession>,
+    /// A lease renewed by hand follows a keeper of its own, which only its own requests
+    /// move, so it ends by its own TTL whatever keeps the shared session alive.
+    manual: Option<Arc<SessionKeeper>>,
+    /// What the latest look at the queue saw ahead of this node, shared with its turn watch.
+    ahead: Arc<Ahead>,
+    granted: bool,
+}
+
+impl Own {
+    fn path(&self) -> String {
+        format!("{}/{}", self.parent, self.name)
+    }
+
+    /// A request about this node, sent at `sent_at`, was answered in its session.
+    fn proved(&self, sent_at: Instant) {
+        self.session.proved(sent_at);
+        if let Some(keeper) = &self.manual {
+            keeper.kept_alive(sent_at);
+        }
+    }
+
+    /// The keeper whose status the lease follows.
+    fn keeper(&self) -> &SessionKeeper {
+        self.manual.as_deref().unwrap_or(&self.session.keeper)
+    }
+}
+
+/// Where a node stands in its key's queue.
+enum Place {
+    First,
+    Behind,
+    Gone,
+}
+
+impl ZkBackend {
+    /// Connects the control session of `config` and makes sure the lock root exists.
+    ///
+    /// An unreachable ensemble is [`ErrorKind::Unavailable`] within the connect timeout; a
+    /// credential the server refuses for the root is [`ErrorKind::PermissionDenied`].
+    pub async fn connect(config: &ZkConfig) -> Result<Self> {
+        config.validate()?;
+        let control = connect(config, config.session_timeout).await?;
+        let acls = if config.credentials().is_some() {
+            Acls::creator_all()
+        } else {
+            Acls::anyone_all()
+        };
+        if config.layout == Layout::Distlock {
+            match control
+                .mkdir(&config.root, &CreateMode::Persistent.with_acls(acls))
+                .await
+            {
+                Ok(()) => {}
+                Err(ZkError::NoNode) => {
+                    return Err(Error::misconfigured(
+                        "zookeeper: the chroot in the URL does not exist; create it first",
+                    ))
+                }
+                Err(err) => return Err(from_zk(err, "creating the lock root")),
+            }
+            // Creating needs no read permission; every lookup does.
+            control
+                .list_children(&config.root)
+                .await
+                .map_err(|err| from_zk(err, "reading the lock root"))?;
+        }
+        Ok(ZkBackend {
+            inner: Arc::new(Inner {
+                capabilities: Capabilities {
+                    fair_ordering: true,
+                    native_notification: true,
+                    durable_fencing: true,
+                    reentrancy: true,
+                    records: true,
+                    liveness: Liveness::Session,
+                    min_ttl: config.min_ttl,
+                    max_ttl: config.max_ttl,
+                    ..Capabilities::default()
+                },
+                sessions: Sessions::new(config.clone()),
+                config: config.clone(),
+                control,
+                acls,
+                own: Mutex::default(),
+                uncertain: Mutex::default(),
+            }),
+        })
+    }
+
+    /// Keys starting with `prefix` whose parents still hold lock nodes (held, queued or
+    /// left behind): for tests that check nothing is left. Empty parents are not counted:
+    /// the server reaps them. Distlock layout only.
+    pub async fn stored_keys(&self, prefix: &str) -> Result<Vec<String>> {
+        let control = &self.inner.control;
+        let root = &self.inner.config.root;
+        self.catch_up(root).await?;
+        let names = match control.list_children(root).await {
+            Ok(names) => names,
+            Err(ZkError::NoNode) => return Ok(Vec::new()),
+            Err(err) => return Err(from_zk(err, "listing the lock root")),
+        };
+        let keys: Vec<(String, String)> = names
+            .into_iter()
+            .filter_map(|name| decode_key(&name).map(|key| (name, key)))
+            .filter(|(_, key)| key.starts_with(prefix))
+            .collect();
+        let found: Vec<Result<Option<String>>> = futures_util::stream::iter(keys)
+            .map(|(name, key)| async move {
+                match control.list_children(&format!("{root}/{name}")).await {
+                    Ok(children) if !children.is_empty() => {
+                        Ok(Some(format!("{key}: {}", children.join(", "))))
+                    }
+                    Ok(_) | Err(ZkError::NoNode) => Ok(None),
+                    Err(err) => Err(from_zk(err, "listing a lock parent")),
+                }
+            })
+            .buffer_unordered(128)
+            .collect()
+            .await;
+        found.into_iter().filter_map(Result::transpose).collect()
+    }
+
+    fn parent(&self, key: &LockKey) -> Result<String> {
+        let config = &self.inner.config;
+        lock_parent(config.layout, &config.root, key)
+    }
+
+    fn known(&self, lease: LeaseId) -> Option<Own> {
+        lock(&self.inner.own).get(&lease).cloned()
+    }
+
+    fn forget(&self, lease: LeaseId) {
+        self.inner.forget(lease, None);
+    }
+
+    /// The node of `request`: the one this client knows, the one an unanswered creation
+    /// left, or a new one at the end of the key's queue.
+    async fn own_node(&self, request: &AcquireRequest) -> Result<Own> {
+        let lease = request.lease_id();
+        if let Some(own) = self.known(lease) {
+            return Ok(own);
+        }
+        let parent = self.parent(request.key())?;
+        let session = self.inner.sessions.session_for(request.ttl()).await?;
+        let manual = request.renewal() == Renewal::Manual;
+        let client = session.client()?;
+        let uncertain = lock(&self.inner.uncertain).contains_key(&lease);
+        if uncertain {
+            if let Some(own) = self
+                .find_own(&client, &session, &parent, lease, manual)
+                .await?
+            {
+                return Ok(self.record(lease, own));
+            }
+        }
+        lock(&self.inner.uncertain).insert(lease, Arc::clone(&session));
+        let prefix = node_prefix(lease);
+        let path = format!("{parent}/{prefix}");
+        let mut data = request.ttl().as_millis().to_string();
+        if let Some(label) = request.holder_label() {
+            data.push('\n');
+            data.push_str(label);
+        }
+        let options = CreateMode::EphemeralSequential.with_acls(self.inner.acls);
+        // The parent is a container the server may reap between our creations.
+        for _ in 0..4 {
+            let sent_at = Instant::now();
+            match client.create(&path, data.as_bytes(), &options).await {
+                Ok((stat, sequence)) => {
+                    session.proved(sent_at);
+                    lock(&self.inner.uncertain).remove(&lease);
+                    let own = Own {
+                        parent,
+                        name: format!("{prefix}{sequence}"),
+                        czxid: stat.czxid,
+                        manual: manual.then(|| Arc::new(SessionKeeper::new(sent_at, session.ttl))),
+                        session,
+                        ahead: Arc::default(),
+                        granted: false,
+                    };
+                    return Ok(self.record(lease, own));
+                }
+                Err(ZkError::NoNode) => self.make_parent(&client, &parent).await?,
+                Err(err) => return Err(session.failed(err, "creating the lock node")),
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Unavailable,
+            "zookeeper: the lock parent kept disappearing",
+        ))
+    }
+
+    fn record(&self, lease: LeaseId, own: Own) -> Own {
+        lock(&self.inner.uncertain).remove(&lease);
+        lock(&self.inner.own).insert(lease, own.clone());
+        if let Some(keeper) = &own.manual {
+            tokio::spawn(end_unrenewed(
+                Arc::downgrade(&self.inner),
+                lease,
+                own.clone(),
+                Arc::clone(keeper),
+            ));
+        }
+        own
+    }
+
+    /// Looks for the node an unanswered creation of `lease` may have left in `parent`.
+    /// One left in another session (that this client has since ended) is deleted.
+    async fn find_own(
+        &self,
+        client: &Client,
+        session: &Arc<ZkSession>,
+        parent: &str,
+        lease: LeaseId,
+        manual: bool,
+    ) -> Result<Option<Own>> {
+        let prefix = node_prefix(lease);
+        let children = match client.list_children(parent).await {
+            Ok(children) => children,
+            Err(ZkError::NoNode) => return Ok(None),
+            Err(err) => return Err(session.failed(err, "looking for the lock node")),
+        };
+        let Some(name) = children.into_iter().find(|name| name.starts_with(&prefix)) else {
+            return Ok(None);
+        };
+        let path = format!("{parent}/{name}");
+        let sent_at = Instant::now();
+        match client.check_stat(&path).await {
+            Ok(Some(stat)) if stat.ephemeral_owner == session.id => {
+                session.proved(sent_at);
+                Ok(Some(Own {
+                    parent: parent.to_string(),
+                    name,
+                    czxid: stat.czxid,
+                    manual: manual.then(|| Arc::new(SessionKeeper::new(sent_at, session.ttl))),
+                    session: Arc::clone(session),
+                    ahead: Arc::default(),
+                    granted: false,
+                }))
+            }
+            Ok(Some(_)) => {
+                delete_node(client, &path).await?;
+                Ok(None)
+            }
+            Ok(None) => Ok(None),
+            Err(err) => Err(session.failed(err, "looking for the lock node")),
+        }
+    }
+
+    /// Creates the container `parent` (and, as persistent nodes, what is missing above it).
+    async fn make_parent(&self, client: &Client, parent: &str) -> Result<()> {
+        let container = CreateMode::Container.with_acls(self.inner.acls);
+        for _ in 0..2 {
+            match client.create(parent, &[], &container).await {
+                Ok(_) | Err(ZkError::NodeExists) => return Ok(()),
+                Err(ZkError::NoNode) => {
+                    let above = &parent[..parent.rfind('/').unwrap_or(0)];
+                    let persistent = CreateMode::Persistent.with_acls(self.inner.acls);
+                    client
+                        .mkdir(above, &persistent)
+                        .await
+                        .map_err(|err| from_zk(err, "creating the lock path"))?;
+                }
+                Err(err) => return Err(from_zk(err, "creating the lock parent")),
+            }
+        }
+        Ok(())
+    }
+
+    /// Where `own` stands in its queue, read through its own session (which has seen its
+    /// creation, so every node ahead of it too).
+    async fn place(&self, own: &Own) -> Result<Place> {
+        // A node dies with its session.
+        let Ok(client) = own.session.client() else {
+            return Ok(Place::Gone);
+        };
+        // The holder just ahead is gone, and no node can be created ahead of ours.
+        if own.ahead.take_turn() {
+            return Ok(Place::First);
+        }
+        let sent_at = Instant::now();
+        let children = match client.list_children(&own.parent).await {
+            Ok(children) => children,
+            Err(ZkError::NoNode) => return Ok(Place::Gone),
+            Err(err) => return Err(own.session.failed(err, "reading the queue")),
+        };
+        own.proved(sent_at);
+        let queue = contenders(children);
+        Ok(match queue.iter().position(|c| c.name == own.name) {
+            Some(0) => Place::First,
+            Some(at) => {
+                own.ahead.saw(queue[at - 1].name.clone(), at == 1);
+                Place::Behind
+            }
+            None => Place::Gone,
+        })
+    }
+
+    fn grant(&self, lease: LeaseId, own: &Own) -> Grant {
+        if let Some(entry) = lock(&self.inner.own).get_mut(&lease) {
+            entry.granted = true;
+        }
+        Grant::in_session(
+            FencingToken::new(own.czxid.unsigned_abs()),
+            own.keeper().session(),
+        )
+    }
+
+    /// Deletes `own`'s node (through its session while it lives) and forgets it.
+    async fn remove(&self, lease: LeaseId, own: &Own) -> Result<bool> {
+        let client = own
+            .session
+            .client()
+            .unwrap_or_else(|_| self.inner.control.clone());
+        let deleted = delete_node(&client, &own.path()).await?;
+        self.forget(lease);
+        Ok(deleted)
+    }
+
+    /// Deletes the node an unanswered creation of `lease` may have left; `None` when no
+    /// creation of it is unanswered.
+    async fn remove_unconfirmed(&self, key: &LockKey, lease: LeaseId) -> Result<Option<bool>> {
+        let Some(session) = lock(&self.inner.uncertain).remove(&lease) else {
+            return Ok(None);
+        };
+        // A session that ended took its nodes with it.
+        let Ok(client) = session.client() else {
+            return Ok(Some(false));
+        };
+        let parent = self.parent(key)?;
+        let prefix = node_prefix(lease);
+        let children = match client.list_children(&parent).await {
+            Ok(children) => children,
+            Err(ZkError::NoNode) => return Ok(Some(false)),
+            Err(err) => {
+                // Still unresolved: the next release or retry looks again.
+                lock(&self.inner.uncertain).insert(lease, Arc::clone(&session));
+                return Err(session.failed(err, "looking for the lock node"));
+            }
+        };
+        let Some(name) = children.into_iter().find(|name| name.starts_with(&prefix)) else {
+            return Ok(Some(false));
+        };
+        let deleted = delete_node(&client, &format!("{parent}/{name}")).await;
+        if deleted.is_err() {
+            lock(&self.inner.uncertain).insert(lease, Arc::clone(&session));
+        }
+        deleted.map(Some)
+    }
+
+    /// The node of `lease` in `key`'s queue, found by its name (for a lease this client
+    /// did not create, or no longer knows).
+    async fn find_by_name(&self, key: &LockKey, lease: LeaseId) -> Result<Option<String>> {
+        let parent = self.parent(key)?;
+        let prefix = node_prefix(lease);
+        self.catch_up(&parent).await?;
+        match self.inner.control.list_children(&parent).await {
+            Ok(children) => Ok(children
+                .into_iter()
+                .find(|name| name.starts_with(&prefix))
+                .map(|name| format!("{parent}/{name}"))),
+            Err(ZkError::NoNode) => Ok(None),
+            Err(err) => Err(from_zk(err, "reading the queue")),
+        }
+    }
+
+    /// Catches the control session's server up with the leader, so what another session
+    /// saw answered is seen through the control session too.
+    async fn catch_up(&self, path: &str) -> Result<()> {
+        match self.inner.control.sync(path).await {
+            Ok(()) | Err(ZkError::NoNode) => Ok(()),
+            Err(err) => Err(from_zk(err, "syncing")),
+        }
+    }
+
+    /// The holder of `parent`'s queue: its node, data and creation zxid.
+    async fn holder(&self, parent: &str) -> Result<Option<(Contender, usize, Vec<u8>, i64)>> {
+        let control = &self.inner.control;
+        self.catch_up(parent).await?;
+        for _ in 0..8 {
+            let children = match control.list_children(parent).await {
+                Ok(children) => children,
+                Err(ZkError::NoNode) => return Ok(None),
+                Err(err) => return Err(from_zk(err, "reading the queue")),
+            };
+            let queue = contenders(children);
+            let Some(first) = queue.first() else {
+                return Ok(None);
+            };
+            match control.get_data(&format!("{parent}/{}", first.name)).await {
+                Ok((data, stat)) => {
+                    return Ok(Some((first.clone(), queue.len() - 1, data, stat.czxid)))
+                }
+                // Released meanwhile: look again.
+                Err(ZkError::NoNode) => continue,
+                Err(err) => return Err(from_zk(err, "reading the holder")),
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Unavailable,
+            "zookeeper: the holder kept changing while it was looked up",
+        ))
+    }
+}
+
+/// The outcome of one fenced record write.
+enum Written {
+    Done,
+    /// The caller's node is gone: it no longer holds.
+    NotHeld,
+    /// The record node exists already: replace it.
+    Exists,
+    /// The record node vanished (expired) before it could be replaced: create it.
+    Vanished,
+    /// The records directory is missing.
+    NoDirectory,
+}
+
+impl ZkBackend {
+    /// The path of `lease`'s node in `key`'s queue if it is the first there (holds the
+    /// lock), read after a sync with the leader.
+    async fn holding_node(&self, key: &LockKey, lease: LeaseId) -> Result<Option<String>> {
+        if let Some(own) = self.known(lease) {
+            if own.keeper().status().expired {
+                return Ok(None);
+            }
+        }
+        let parent = self.parent(key)?;
+        let prefix = node_prefix(lease);
+        let control = &self.inner.control;
+        self.catch_up(&parent).await?;
+        let children = match control.list_children(&parent).await {
+            Ok(children) => children,
+            Err(ZkError::NoNode) => return Ok(None),
+            Err(err) => return Err(from_zk(err, "reading the queue")),
+        };
+        Ok(contenders(children)
+            .into_iter()
+            .next()
+            .filter(|first| first.name.starts_with(&prefix))
+            .map(|first| format!("{parent}/{}", first.name)))
+    }
+
+    /// One multi: `holder` still exists, and the record node is created (after deleting
+    /// the one there when `replace`), as a TTL node of `retention`.
+    async fn write_fenced(
+        &self,
+        holder: &str,
+        path: &str,
+        data: &[u8],
+        retention: Duration,
+        replace: bool,
+    ) -> Result<Written> {
+        let options = CreateMode::Persistent
+            .with_acls(self.inner.acls)
+            .with_ttl(retention);
+        let mut multi = self.inner.control.new_multi_writer();
+        let add =
+            |multi: &mut zookeeper_client::MultiWriter<'_>| -> std::result::Result<(), ZkError> {
+                multi.add_check_version(holder, -1)?;
+                if replace {
+                    multi.add_delete(path, None)?;
+                }
+                multi.add_create(path, data, &options)
+            };
+        add(&mut multi).map_err(|err| from_zk(err, "writing the record"))?;
+        match multi.commit().await {
+            Ok(_) => Ok(Written::Done),
+            Err(MultiWriteError::OperationFailed {
+                index: 0,
+                source: ZkError::NoNode,
+            }) => Ok(Written::NotHeld),
+            Err(MultiWriteError::OperationFailed {
+                source: ZkError::NodeExists,
+                ..
+            }) => Ok(Written::Exists),
+            Err(MultiWriteError::OperationFailed {
+                index: 1,
+                source: ZkError::NoNode,
+            }) if replace => Ok(Written::Vanished),
+            Err(MultiWriteError::OperationFailed {
+                source: ZkError::NoNode,
+                ..
+            }) => Ok(Written::NoDirectory),
+            Err(MultiWriteError::OperationFailed {
+                source: ZkError::Unimplemented,
+                ..
+            })
+            | Err(MultiWriteError::RequestFailed {
+                source: ZkError::Unimplemented,
+            }) => Err(ttl_nodes_disabled()),
+            Err(err) => Err(from_zk(err.into(), "writing the record")),
+        }
+    }
+}
+
+fn ttl_nodes_disabled() -> Error {
+    Error::misconfigured(
+        "zookeeper: the server refuses TTL nodes, which idempotency records need; start it \
+         with -Dzookeeper.extendedTypesEnabled=true (locks work without it)",
+    )
+}
+
+/// Milliseconds since the Unix epoch on this machine's clock.
+fn wall_millis() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| {
+            i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+        })
+}
+
+impl Inner {
+    /// Forgets the node of `lease` (only if it is still `name`, when given); a lease renewed
+    /// by hand stops being followed.
+    fn forget(&self, lease: LeaseId, name: Option<&str>) {
+        let mut own = lock(&self.own);
+        if name.is_some_and(|name| own.get(&lease).is_none_or(|o| o.name != name)) {
+            return;
+        }
+        if let Some(own) = own.remove(&lease) {
+            if let Some(keeper) = own.manual {
+                keeper.expired();
+            }
+        }
+    }
+}
+
+/// Ends a lease renewed by hand once its TTL has passed since the latest request that
+/// proved it: the server alone would keep its node as long as the shared session lives
+/// (the client library pings it), so the client deletes the node itself, as the server
+/// would have on a session of its own. Also ends it with its session. If the process
+/// dies, the server ends the session, and the node with it, after the same TTL.
+async fn end_unrenewed(inner: Weak<Inner>, lease: LeaseId, own: Own, keeper: Arc<SessionKeeper>) {
+    let mut renewed = keeper.session();
+    let mut session = own.session.keeper.session();
+    loop {
+        let status = keeper.status();
+        if status.expired {
+            return;
+        }
+        let end = tokio::time::Instant::from_std(status.proven_at + status.ttl);
+        tokio::select! {
+            () = tokio::time::sleep_until(end) => {
+                if keeper.status().proven_at + status.ttl > Instant::now() {
+                    continue;
+                }
+                break;
+            }
+            alive = session.changed() => {
+                if !alive || session.status().expired {
+                    break;
+                }
+            }
+            _ = renewed.changed() => {}
+        }
+    }
+    keeper.expired();
+    if let Some(inner) = inner.upgrade() {
+        inner.forget(lease, Some(&own.name));
+    }
+    if let Ok(client) = own.session.client() {
+        if let Err(err) = delete_node(&client, &own.path()).await {
+            tracing::debug!(error = %err, "deleting an expired lease's node failed; it ends with its session");
+        }
+    }
+}
+
+/// Deletes the node at `path`; `false` if it was not there.
+async fn delete_node(client: &Client, path: &str) -> Result<bool> {
+    match client.delete(path, None).await {
+        Ok(()) => Ok(true),
+        Err(ZkError::NoNode) => Ok(false),
+        Err(err) => Err(from_zk(err, "deleting the lock node")),
+    }
+}
+
+#[async_trait]
+impl LockBackend for ZkBackend {
+    fn name(&self) -> &'static str {
+        "zookeeper"
+    }
+
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.capabilities
+    }
+
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
+        let span = tracing::debug_span!("zk.try_acquire", key = %request.key());
+        async {
+            let lease = request.lease_id();
+            let own = self.own_node(request).await?;
+            match self.place(&own).await? {
+                Place::First => Ok(Some(self.grant(lease, &own))),
+                // Never jumps the queue: a node behind others is taken back at once.
+                Place::Behind => {
+                    self.remove(lease, &own).await?;
+                    Ok(None)
+                }
+                Place::Gone => {
+                    self.forget(lease);
+                    Err(Error::new(
+                        ErrorKind::Unavailable,
+                        "zookeeper: the lock node vanished (its session ended); retrying",
+                    ))
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
+        let span = tracing::debug_span!("zk.renew", key = %key);
+        async {
+            let Some(own) = self.known(lease_id).filter(|own| own.granted) else {
+                return Ok(false);
+            };
+            if ttl > own.session.ttl {
+                return Err(Error::new(
+                    ErrorKind::InvalidInput,
+                    format!(
+                        "a ZooKeeper lease keeps the TTL of its session ({:?}); it cannot be \
+                         renewed for {ttl:?}",
+                        own.session.ttl
+                    ),
+                ));
+            }
+            let Ok(client) = own.session.client() else {
+                return Ok(false);
+            };
+            let sent_at = Instant::now();
+            match client.check_stat(&own.path()).await {
+                Ok(Some(stat)) if stat.ephemeral_owner == own.session.id => {
+                    own.proved(sent_at);
+                    Ok(true)
+                }
+                Ok(_) => {
+                    self.forget(lease_id);
+                    Ok(false)
+                }
+                Err(err) if crate::error::ends_session(&err) => {
+                    own.session.end();
+                    Ok(false)
+                }
+                Err(err) => Err(from_zk(err, "renewing")),
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
+        let span = tracing::debug_span!("zk.release", key = %key);
+        async {
+            if let Some(own) = self.known(lease_id) {
+                return self.remove(lease_id, &own).await;
+            }
+            if let Some(removed) = self.remove_unconfirmed(key, lease_id).await? {
+                return Ok(removed);
+            }
+            match self.find_by_name(key, lease_id).await? {
+                Some(path) => delete_node(&self.inner.control, &path).await,
+                None => Ok(false),
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
+        let parent = self.parent(key)?;
+        let Some((first, waiters, data, czxid)) = self.holder(&parent).await? else {
+            return Ok(None);
+        };
+        let text = String::from_utf8_lossy(&data);
+        let (ttl, label) = match text.split_once('\n') {
+            Some((ttl, label)) => (ttl.parse::<u64>().ok(), Some(label.to_string())),
+            None => (text.parse::<u64>().ok(), None),
+        };
+        let lease_id = first
+            .lease_id()
+            .unwrap_or_else(|| LeaseId::from_u128(u128::from(czxid.unsigned_abs())));
+        // Our own session's deadline where we know it; otherwise the session timeout the
+        // holder asked for (an upper bound: ZooKeeper does not tell how long ago a session
+        // was last heard from).
+        let remaining_ttl = match self.known(lease_id) {
+            Some(own) => {
+                let status = own.keeper().status();
+                (status.proven_at + status.ttl).saturating_duration_since(Instant::now())
+            }
+            None => Duration::from_millis(ttl.unwrap_or(0)),
+        };
+        Ok(Some(HolderInfo {
+            lease_id,
+            token: FencingToken::new(czxid.unsigned_abs()),
+            remaining_ttl,
+            waiters: Some(waiters),
+            holder: label.filter(|_| ttl.is_some()),
+        }))
+    }
+
+    async fn enqueue(&self, request: &AcquireRequest) -> Result<()> {
+        let span = tracing::debug_span!("zk.enqueue", key = %request.key());
+        self.own_node(request).instrument(span).await.map(|_| ())
+    }
+
+    async fn try_acquire_queued(&self, request: &AcquireRequest) -> Result<Turn> {
+        let span = tracing::debug_span!("zk.try_acquire_queued", key = %request.key());
+        async {
+            let lease = request.lease_id();
+            let Some(own) = self.known(lease) else {
+                return Ok(Turn::NotQueued);
+            };
+            Ok(match self.place(&own).await? {
+                Place::First => Turn::Granted(self.grant(lease, &own)),
+                Place::Behind => Turn::Waiting,
+                Place::Gone => {
+                    self.forget(lease);
+                    Turn::NotQueued
+                }
+            })
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn leave_queue(&self, key: &LockKey, lease_id: LeaseId) -> Result<()> {
+        match self.known(lease_id) {
+            Some(own) if own.granted => Ok(()),
+            Some(own) => self.remove(lease_id, &own).await.map(|_| ()),
+            None => self.remove_unconfirmed(key, lease_id).await.map(|_| ()),
+        }
+    }
+
+    async fn watch_turn(&self, request: &AcquireRequest) -> Result<Option<Box<dyn KeyWatch>>> {
+        let Some(own) = self.known(request.lease_id()) else {
+            return Ok(None);
+        };
+        let client = own.session.client()?;
+        Ok(Some(Box::new(TurnWatch::new(
+            client, own.parent, own.name, own.ahead,
+        ))))
+    }
+
+    async fn read_record(&self, key: &LockKey) -> Result<Option<Record>> {
+        let span = tracing::debug_span!("zk.read_record", key = %key);
+        async {
+            let path = record_path(&self.inner.config.root, key);
+            self.catch_up(&path).await?;
+            let (data, stat) = match self.inner.control.get_data(&path).await {
+                Ok(found) => found,
+                Err(ZkError::NoNode) => return Ok(None),
+                Err(err) => return Err(from_zk(err, "reading the record")),
+            };
+            let Some((retention, bytes)) = data.split_first_chunk::<8>() else {
+                return Ok(None);
+            };
+            // The server reaps a TTL node only at its next container check; until then the
+            // node's last modification (server time) plus its retention says it is over.
+            let retention = i64::from_be_bytes(*retention);
+            if stat.mtime.saturating_add(retention) <= wall_millis() {
+                return Ok(None);
+            }
+            Ok(Record::from_bytes(bytes))
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn write_record(
+        &self,
+        key: &LockKey,
+        lease_id: LeaseId,
+        record: &Record,
+        retention: Duration,
+    ) -> Result<bool> {
+        let span = tracing::debug_span!("zk.write_record", key = %key);
+        async {
+            let retention = retention.max(Duration::from_millis(1));
+            let millis = i64::try_from(retention.as_millis()).map_err(|_| {
+                Error::new(
+                    ErrorKind::InvalidInput,
+                    format!("retention {retention:?} is too large"),
+                )
+            })?;
+            let Some(holder) = self.holding_node(key, lease_id).await? else {
+                return Ok(false);
+            };
+            let path = record_path(&self.inner.config.root, key);
+            let mut data = millis.to_be_bytes().to_vec();
+            data.extend_from_slice(&record.to_bytes());
+            let mut replace = false;
+            for _ in 0..6 {
+                match self
+                    .write_fenced(&holder, &path, &data, retention, replace)
+                    .await?
+                {
+                    Written::Done => return Ok(true),
+                    Written::NotHeld => return Ok(false),
+                    Written::Exists => replace = true,
+                    Written::Vanished => replace = false,
+                    Written::NoDirectory => {
+                        let persistent = CreateMode::Persistent.with_acls(self.inner.acls);
+                        self.inner
+                            .control
+                            .mkdir(&records_dir(&self.inner.config.root), &persistent)
+                            .await
+                            .map_err(|err| from_zk(err, "creating the records directory"))?;
+                    }
+                }
+            }
+            Err(Error::new(
+                ErrorKind::Unavailable,
+                "zookeeper: the record kept changing while it was written",
+            ))
+        }
+        .instrument(span)
+        .await
+    }
+}

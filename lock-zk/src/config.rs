@@ -1,0 +1,241 @@
+//! Options of a ZooKeeper client, parsed from a URL.
+
+use std::fmt;
+use std::time::Duration;
+
+use lock_core::{Error, Result, StoreUrl};
+
+const DEFAULT_PORT: u16 = 2181;
+
+/// Where the lock nodes of each key live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// Each key, escaped into one node name, is a container node under
+    /// [`ZkConfig::root`]: any key is allowed.
+    Distlock,
+    /// The key *is* the lock path (relative to the chroot, without a leading `/`), as a
+    /// JVM service using Curator's `InterProcessMutex` on the same path names it; keys that
+    /// are not valid ZooKeeper paths are refused with `InvalidInput`.
+    Curator,
+}
+
+/// How to reach ZooKeeper and where to keep the locks.
+///
+/// Parsed from a URL by [`ZkConfig::from_url`]:
+/// `zk://[user:password@]host:port[,host:port...][/chroot][?option=value&...]`.
+/// A user name and password are sent as a `digest` credential, and nodes are then created
+/// with the `creator_all` ACL; they never appear in `Debug` output or error messages.
+///
+/// | option | default | meaning |
+/// |---|---|---|
+/// | `session_timeout_ms` | 10000 | session timeout of the client's control session (lookups, releases, watches) |
+/// | `connect_timeout_ms` | 2000 | bound on establishing a session |
+/// | `min_ttl_ms` | 4000 | the server's `minSessionTimeout` (ZooKeeper's default is 2 ticks) |
+/// | `max_ttl_ms` | 40000 | the server's `maxSessionTimeout` (ZooKeeper's default is 20 ticks) |
+/// | `root` | `/distlock` | parent of the per-key nodes (`layout=distlock`) |
+/// | `layout` | `distlock` | `curator`: the key is the lock path, shared with Curator and kazoo |
+///
+/// A lease's TTL is the timeout of the session its node lives in, so TTLs are limited to
+/// what the server grants: set `min_ttl_ms`/`max_ttl_ms` to the server's settings (a
+/// session the server negotiates to another timeout is refused as `Misconfigured`).
+#[derive(Clone)]
+pub struct ZkConfig {
+    hosts: Vec<String>,
+    chroot: String,
+    credentials: Option<(String, String)>,
+    /// Timeout of the control session, used for inspecting, releasing and watching.
+    pub session_timeout: Duration,
+    /// Bound on establishing a session.
+    pub connect_timeout: Duration,
+    /// The shortest TTL: the server's `minSessionTimeout`.
+    pub min_ttl: Duration,
+    /// The longest TTL: the server's `maxSessionTimeout`.
+    pub max_ttl: Duration,
+    /// Parent of the per-key lock nodes in the [`Layout::Distlock`] layout.
+    pub root: String,
+    /// Where the lock nodes of each key live.
+    pub layout: Layout,
+}
+
+impl ZkConfig {
+    /// Parses a `zk://` URL. A malformed URL or an unknown option is
+    /// [`ErrorKind::InvalidInput`](lock_core::ErrorKind::InvalidInput), never repeating the
+    /// password.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let mut url = StoreUrl::parse(url)?;
+        if url.scheme() != "zk" {
+            return Err(url.error(&format!(
+                "unsupported scheme {:?} (expected one of {:?})",
+                url.scheme(),
+                crate::SCHEMES
+            )));
+        }
+        let hosts = url
+            .hosts()
+            .iter()
+            .map(|h| h.with_port(DEFAULT_PORT))
+            .collect();
+        let chroot = match url.path().trim_end_matches('/') {
+            "" => String::new(),
+            path => format!("/{path}"),
+        };
+        let credentials = match (url.username(), url.password()) {
+            ("", None) => None,
+            (user, Some(password)) if !user.is_empty() => {
+                Some((user.to_string(), password.to_string()))
+            }
+            _ => return Err(url.error("a digest credential needs both a user name and a password")),
+        };
+        let millis = |url: &mut StoreUrl, name: &str, default: Duration| -> Result<Duration> {
+            match url.take_parsed::<u64>(name, "a positive number of milliseconds")? {
+                Some(0) => Err(url.error(&format!("{name}=0 is not a positive number"))),
+                Some(ms) => Ok(Duration::from_millis(ms)),
+                None => Ok(default),
+            }
+        };
+        let defaults = ZkConfig::new(Vec::new());
+        let layout = match url.take_param("layout").as_deref() {
+            None | Some("distlock") => Layout::Distlock,
+            Some("curator") => Layout::Curator,
+            Some(other) => {
+                return Err(url.error(&format!("layout={other:?} is neither distlock nor curator")))
+            }
+        };
+        let config = ZkConfig {
+            session_timeout: millis(&mut url, "session_timeout_ms", defaults.session_timeout)?,
+            connect_timeout: millis(&mut url, "connect_timeout_ms", defaults.connect_timeout)?,
+            min_ttl: millis(&mut url, "min_ttl_ms", defaults.min_ttl)?,
+            max_ttl: millis(&mut url, "max_ttl_ms", defaults.max_ttl)?,
+            root: url.take_param("root").unwrap_or(defaults.root),
+            layout,
+            hosts,
+            chroot,
+            credentials,
+        };
+        if let Some((name, _)) = url.query().first() {
+            return Err(url.error(&format!("unknown option {name:?}")));
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// A configuration for `hosts` (`host:port` each) with every option at its default.
+    pub fn new(hosts: Vec<String>) -> Self {
+        ZkConfig {
+            hosts,
+            chroot: String::new(),
+            credentials: None,
+            session_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(2),
+            min_ttl: Duration::from_secs(4),
+            max_ttl: Duration::from_secs(40),
+            root: "/distlock".to_string(),
+            layout: Layout::Distlock,
+        }
+    }
+
+    /// The same configuration with a `digest` credential.
+    pub fn with_credentials(mut self, user: &str, password: &str) -> Self {
+        self.credentials = Some((user.to_string(), password.to_string()));
+        self
+    }
+
+    /// The same configuration under `chroot` (an absolute path, or empty for none).
+    pub fn with_chroot(mut self, chroot: &str) -> Self {
+        self.chroot = chroot.trim_end_matches('/').to_string();
+        self
+    }
+
+    /// Refuses settings that cannot work, with `InvalidInput`.
+    pub fn validate(&self) -> Result<()> {
+        if self.hosts.is_empty() {
+            return Err(Error::new(
+                lock_core::ErrorKind::InvalidInput,
+                "no ZooKeeper host",
+            ));
+        }
+        if self.min_ttl > self.max_ttl {
+            return Err(Error::new(
+                lock_core::ErrorKind::InvalidInput,
+                "min_ttl_ms is above max_ttl_ms",
+            ));
+        }
+        for (name, path) in [
+            ("chroot", self.chroot.as_str()),
+            ("root", self.root.as_str()),
+        ] {
+            if path.is_empty() && name == "chroot" {
+                continue;
+            }
+            crate::keys::check_path(path).map_err(|why| {
+                Error::new(
+                    lock_core::ErrorKind::InvalidInput,
+                    format!("{name} {path:?} is not a ZooKeeper path: {why}"),
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The connect string for the client: hosts and chroot, no credentials.
+    pub(crate) fn connect_string(&self) -> String {
+        format!("{}{}", self.hosts.join(","), self.chroot)
+    }
+
+    pub(crate) fn credentials(&self) -> Option<(&str, &str)> {
+        self.credentials
+            .as_ref()
+            .map(|(user, password)| (user.as_str(), password.as_str()))
+    }
+}
+
+impl fmt::Debug for ZkConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkConfig")
+            .field("hosts", &self.hosts)
+            .field("chroot", &self.chroot)
+            .field("user", &self.credentials.as_ref().map(|(user, _)| user))
+            .field("session_timeout", &self.session_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("min_ttl", &self.min_ttl)
+            .field("max_ttl", &self.max_ttl)
+            .field("root", &self.root)
+            .field("layout", &self.layout)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_hosts_chroot_credentials_and_options() {
+        let config = ZkConfig::from_url(
+            "zk://app:s%2Fcret@h1:2181,h2/apps/x?session_timeout_ms=3000&layout=curator&min_ttl_ms=200",
+        )
+        .unwrap();
+        assert_eq!(config.connect_string(), "h1:2181,h2:2181/apps/x");
+        assert_eq!(config.credentials(), Some(("app", "s/cret")));
+        assert_eq!(config.session_timeout, Duration::from_millis(3000));
+        assert_eq!(config.min_ttl, Duration::from_millis(200));
+        assert_eq!(config.layout, Layout::Curator);
+        assert!(!format!("{config:?}").contains("cret"));
+    }
+
+    #[test]
+    fn refuses_bad_urls_without_showing_the_password() {
+        for url in [
+            "redis://h:1",
+            "zk://h:1?nope=1",
+            "zk://h:1?layout=other",
+            "zk://h:1?min_ttl_ms=0",
+            "zk://h:1?min_ttl_ms=9000&max_ttl_ms=100",
+            "zk://u:secret@h:1?root=no-slash",
+        ] {
+            let err = ZkConfig::from_url(url).unwrap_err();
+            assert_eq!(err.kind(), lock_core::ErrorKind::InvalidInput, "{url}");
+            assert!(!err.to_string().contains("secret"), "{err}");
+        }
+    }
+}

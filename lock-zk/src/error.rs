@@ -1,0 +1,62 @@
+//! Mapping `zookeeper-client` errors into distlock's error kinds.
+
+use lock_core::{Error, ErrorKind};
+use zookeeper_client::Error as ZkError;
+
+/// Whether `err` means the session is over for good: its nodes are gone, and new
+/// acquisitions must use a new session.
+pub(crate) fn ends_session(err: &ZkError) -> bool {
+    matches!(
+        err,
+        ZkError::SessionExpired | ZkError::SessionMoved | ZkError::ClientClosed
+    )
+}
+
+/// `err`, raised while doing `what`, as a distlock error (the client's error as source).
+pub(crate) fn from_zk(err: ZkError, what: &str) -> Error {
+    let kind = match &err {
+        ZkError::NoAuth | ZkError::AuthFailed | ZkError::InvalidAcl => ErrorKind::PermissionDenied,
+        ZkError::ConnectionLoss
+        | ZkError::NoHosts
+        | ZkError::Timeout
+        | ZkError::SessionExpired
+        | ZkError::SessionMoved
+        | ZkError::ClientClosed
+        | ZkError::Throttled
+        | ZkError::NotReadOnly
+        // What the client reports for a connection that broke or fell silent ("no response
+        // from connection in …", I/O failures): the request may not have been answered.
+        | ZkError::Custom(_) => ErrorKind::Unavailable,
+        ZkError::BadArguments(_) => ErrorKind::InvalidInput,
+        ZkError::NoChildrenForEphemerals | ZkError::QuotaExceeded | ZkError::Unimplemented => {
+            ErrorKind::Misconfigured
+        }
+        _ => ErrorKind::Internal,
+    };
+    let hint = match kind {
+        ErrorKind::PermissionDenied => ": the credentials in the URL are refused for this path",
+        ErrorKind::Misconfigured => ": check the lock root and the server's settings",
+        _ => "",
+    };
+    Error::new(kind, format!("zookeeper: {what} failed{hint}")).with_source(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_say_whether_retrying_helps() {
+        for (err, kind) in [
+            (ZkError::ConnectionLoss, ErrorKind::Unavailable),
+            (ZkError::SessionExpired, ErrorKind::Unavailable),
+            (ZkError::NoHosts, ErrorKind::Unavailable),
+            (ZkError::NoAuth, ErrorKind::PermissionDenied),
+            (ZkError::AuthFailed, ErrorKind::PermissionDenied),
+            (ZkError::NoChildrenForEphemerals, ErrorKind::Misconfigured),
+            (ZkError::BadVersion, ErrorKind::Internal),
+        ] {
+            assert_eq!(from_zk(err, "acquire").kind(), kind);
+        }
+    }
+}

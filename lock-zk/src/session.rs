@@ -1,0 +1,201 @@
+//! ZooKeeper sessions: one per distinct TTL per client, kept alive by our own requests,
+//! whose *send* times move the deadlines of the leases the core renews. (A lease renewed by
+//! hand lives in the same session but follows a keeper of its own: see `backend.rs`.)
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use lock_core::backend::{lock_unpoisoned as lock, SessionKeeper};
+use lock_core::{Error, ErrorKind, Result};
+use zookeeper_client::{Client, SessionState};
+
+use crate::config::ZkConfig;
+use crate::error::{ends_session, from_zk};
+
+/// One ZooKeeper session and what the core knows of it.
+#[derive(Debug)]
+pub(crate) struct ZkSession {
+    /// `None` once closed: dropping the last `Client` closes the session on the server,
+    /// which deletes its ephemeral nodes at once.
+    client: Mutex<Option<Client>>,
+    pub(crate) keeper: SessionKeeper,
+    /// The negotiated session timeout, which is the TTL of every lease in the session.
+    pub(crate) ttl: Duration,
+    /// The server's id of the session (the `ephemeralOwner` of its nodes).
+    pub(crate) id: i64,
+}
+
+impl ZkSession {
+    /// The session's client, or `Unavailable` once the session is over.
+    pub(crate) fn client(&self) -> Result<Client> {
+        lock(&self.client).clone().ok_or_else(|| {
+            Error::new(
+                ErrorKind::Unavailable,
+                "zookeeper: the session ended; retrying under a new one",
+            )
+        })
+    }
+
+    /// A request sent at `sent_at` was answered in this session: the server kept the
+    /// session alive from no earlier than that send.
+    pub(crate) fn proved(&self, sent_at: Instant) {
+        self.keeper.kept_alive(sent_at);
+    }
+
+    /// Maps a client error of this session, ending the session when the error says the
+    /// server did.
+    pub(crate) fn failed(&self, err: zookeeper_client::Error, what: &str) -> Error {
+        if ends_session(&err) {
+            self.end();
+        }
+        from_zk(err, what)
+    }
+
+    /// Ends the session: every lease of it is lost at once, and its nodes go with it.
+    pub(crate) fn end(&self) {
+        self.keeper.expired();
+        lock(&self.client).take();
+    }
+
+    /// Whether new acquisitions may still use the session: it has not ended, and it has
+    /// not been silent for longer than its timeout (the server may have ended it).
+    fn usable(&self) -> bool {
+        let status = self.keeper.status();
+        !status.expired
+            && lock(&self.client).is_some()
+            && !(status.disconnected && status.proven_at + status.ttl <= Instant::now())
+    }
+}
+
+/// A client's sessions.
+#[derive(Debug)]
+pub(crate) struct Sessions {
+    config: ZkConfig,
+    /// The open session of each TTL.
+    open: Mutex<HashMap<Duration, Arc<ZkSession>>>,
+    /// Held while a session is being opened, so concurrent first acquisitions with one TTL
+    /// share one new session instead of replacing each other's.
+    opening: tokio::sync::Mutex<()>,
+}
+
+impl Sessions {
+    pub(crate) fn new(config: ZkConfig) -> Self {
+        Sessions {
+            config,
+            open: Mutex::default(),
+            opening: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The session of leases with `ttl`: the open one, or a new one (a session that ended
+    /// is never used again).
+    pub(crate) async fn session_for(&self, ttl: Duration) -> Result<Arc<ZkSession>> {
+        let usable = |open: &HashMap<Duration, Arc<ZkSession>>| {
+            open.get(&ttl).filter(|s| s.usable()).map(Arc::clone)
+        };
+        if let Some(session) = usable(&lock(&self.open)) {
+            return Ok(session);
+        }
+        let _opening = self.opening.lock().await;
+        if let Some(session) = usable(&lock(&self.open)) {
+            return Ok(session);
+        }
+        let session = Arc::new(open_session(&self.config, ttl).await?);
+        let replaced = lock(&self.open).insert(ttl, Arc::clone(&session));
+        if let Some(old) = replaced {
+            old.end();
+        }
+        tokio::spawn(follow(Arc::downgrade(&session)));
+        Ok(session)
+    }
+}
+
+/// Connects a new session with timeout `ttl`.
+pub(crate) async fn open_session(config: &ZkConfig, ttl: Duration) -> Result<ZkSession> {
+    let sent_at = Instant::now();
+    let client = connect(config, ttl).await?;
+    if client.session_timeout() != ttl {
+        return Err(Error::misconfigured(format!(
+            "zookeeper: the server granted a session timeout of {:?} for a TTL of {ttl:?}; \
+             set min_ttl_ms and max_ttl_ms to the server's minSessionTimeout and \
+             maxSessionTimeout",
+            client.session_timeout()
+        )));
+    }
+    Ok(ZkSession {
+        keeper: SessionKeeper::new(sent_at, ttl),
+        ttl,
+        id: client.session_id().0,
+        client: Mutex::new(Some(client)),
+    })
+}
+
+/// A client with session timeout `timeout`, authenticated with the configured credential.
+pub(crate) async fn connect(config: &ZkConfig, timeout: Duration) -> Result<Client> {
+    let mut connector = Client::connector()
+        .with_session_timeout(timeout)
+        .with_fail_eagerly();
+    if let Some((user, password)) = config.credentials() {
+        connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
+    }
+    let connect_string = config.connect_string();
+    match tokio::time::timeout(config.connect_timeout, connector.connect(&connect_string)).await {
+        Ok(Ok(client)) => Ok(client),
+        Ok(Err(err)) => Err(from_zk(err, "connecting")),
+        Err(_) => Err(Error::new(
+            ErrorKind::Unavailable,
+            format!(
+                "zookeeper: no session established within {:?}",
+                config.connect_timeout
+            ),
+        )),
+    }
+}
+
+/// Reports one session until it ends: its keep-alives and the client's connection state.
+async fn follow(session: Weak<ZkSession>) {
+    let Some((mut state, ttl)) = session
+        .upgrade()
+        .and_then(|s| s.client().ok().map(|c| (c.state_watcher(), s.ttl)))
+    else {
+        return;
+    };
+    let mut next_keep_alive = tokio::time::Instant::now() + ttl / 3;
+    loop {
+        tokio::select! {
+            changed = state.changed() => {
+                let Some(session) = session.upgrade() else { return };
+                match changed {
+                    SessionState::Disconnected => session.keeper.disconnected(),
+                    SessionState::SyncConnected | SessionState::ConnectedReadOnly => {}
+                    _ => {
+                        session.end();
+                        return;
+                    }
+                }
+            }
+            () = tokio::time::sleep_until(next_keep_alive) => {
+                let Some(session) = session.upgrade() else { return };
+                keep_alive(&session).await;
+                if session.keeper.status().expired {
+                    return;
+                }
+                next_keep_alive = tokio::time::Instant::now() + ttl / 3;
+            }
+        }
+    }
+}
+
+/// One keep-alive: a request the server answers only for a live session.
+async fn keep_alive(session: &ZkSession) {
+    let Ok(client) = session.client() else {
+        return;
+    };
+    let sent_at = Instant::now();
+    match tokio::time::timeout(session.ttl, client.check_stat("/")).await {
+        Ok(Ok(_)) => session.proved(sent_at),
+        Ok(Err(err)) if ends_session(&err) => session.end(),
+        _ => session.keeper.disconnected(),
+    }
+}

@@ -1,0 +1,7 @@
+//! The conformance suite against one private standalone ZooKeeper server.
+
+mod support;
+
+fn main() -> std::process::ExitCode {
+    conformance_tests::run_suite(|| async { Ok(vec![support::ZkFactory::standalone().await?]) })
+}

@@ -1,0 +1,7 @@
+//! The conformance suite against a private three-server ZooKeeper ensemble.
+
+mod support;
+
+fn main() -> std::process::ExitCode {
+    conformance_tests::run_suite(|| async { Ok(vec![support::ZkFactory::ensemble().await?]) })
+}

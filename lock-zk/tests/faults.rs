@@ -1,0 +1,496 @@
+//! Faults against private ZooKeeper servers: partitions, frozen, killed and restarted
+//! servers, a killed holder process, a lost creation reply, hostile keys, bad credentials
+//! and an unreachable ensemble.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use conformance_tests::harness::{granted_within, spawn_lock};
+use conformance_tests::proxy::{ProxyMode, TcpFaultProxy};
+use conformance_tests::SLACK;
+use lock_core::backend::{with_timeout, AcquireRequest, LockBackendExt, QueuedAttempt};
+use lock_core::{
+    default_drift_allowance, AcquireOptions, Backoff, ErrorKind, LockClient, LockKey, Renewal, Wait,
+};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use zookeeper_client::{Acls, Client, CreateMode};
+
+use support::{closed_addr, connect, start_zookeeper, zk_url};
+
+/// Options of a rival that polls fast, so its grant is seen within milliseconds.
+fn rival_options(wait: Duration) -> AcquireOptions {
+    AcquireOptions {
+        wait: Wait::UpTo(wait),
+        backoff: Backoff {
+            initial: Duration::from_millis(1),
+            max: Duration::from_millis(10),
+        },
+        ..AcquireOptions::default()
+    }
+}
+
+fn key(name: &str) -> String {
+    format!("faults-{:016x}/{name}", fastrand::u64(..))
+}
+
+/// A silent partition longer than the session timeout: the holder's `lost()` fires no
+/// later than the rival's grant, and the old holder's release afterwards leaves the new
+/// lock alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_past_the_session_timeout_loses_the_lock_first() {
+    let server = start_zookeeper().await;
+    let proxy = TcpFaultProxy::start(server.addr()).await.unwrap();
+    let holder = LockClient::from_dyn(connect(&zk_url(&[proxy.addr()], "")).await);
+    let rival = LockClient::from_dyn(connect(&zk_url(&[server.addr()], "")).await);
+    let key = key("partition");
+    let ttl = Duration::from_millis(800);
+    let guard = holder.lock(&key).ttl(ttl).await.unwrap();
+    proxy.set_mode(ProxyMode::BlackHole);
+    let cut_at = Instant::now();
+    let waiting = spawn_lock(rival.clone(), &key, rival_options(ttl * 10));
+    tokio::time::timeout(ttl + SLACK, guard.lost())
+        .await
+        .expect("lost() after the partition");
+    let (taken, got_at) = granted_within(ttl * 8, "rival", waiting).await.unwrap();
+    assert!(
+        guard.lease().valid_until() <= got_at,
+        "the rival got the key first"
+    );
+    assert!(guard.lease().valid_until() <= cut_at + ttl);
+    assert!(taken.token() > guard.token());
+    proxy.set_mode(ProxyMode::Pass);
+    let old = guard.release().await;
+    assert_eq!(old.unwrap_err().kind(), ErrorKind::Lost);
+    let info = rival
+        .inspect(&key)
+        .await
+        .unwrap()
+        .expect("the new lock is gone");
+    assert_eq!(info.token, taken.token());
+    taken.release().await.unwrap();
+}
+
+/// A short freeze of the server is ridden out; a long one loses the lock at the holder's
+/// deadline, and after the server resumes a rival takes it with a greater token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_server_is_ridden_out_or_loses_the_lock_first() {
+    let server = start_zookeeper().await;
+    let url = zk_url(&[server.addr()], "");
+    let holder = LockClient::from_dyn(connect(&url).await);
+    let rival = LockClient::from_dyn(connect(&url).await);
+    let key = key("frozen");
+    let ttl = Duration::from_millis(2000);
+    let guard = holder.lock(&key).ttl(ttl).await.unwrap();
+    server.pause().unwrap();
+    tokio::time::sleep(ttl / 5).await;
+    server.resume().unwrap();
+    let err = rival.try_lock(&key).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::HeldByAnother);
+    assert!(guard.is_held(), "a short freeze lost the lock");
+
+    server.pause().unwrap();
+    let paused_at = Instant::now();
+    tokio::time::timeout(ttl + SLACK, guard.lost())
+        .await
+        .expect("lost() while the server is frozen");
+    assert!(guard.lease().valid_until() <= paused_at + ttl);
+    tokio::time::sleep(ttl / 2).await;
+    server.resume().unwrap();
+    let taken = rival.lock(&key).ttl(ttl).wait_up_to(ttl * 5).await.unwrap();
+    assert!(taken.token() > guard.token());
+    let _ = guard.release().await;
+    assert_eq!(
+        rival.inspect(&key).await.unwrap().map(|s| s.token),
+        Some(taken.token())
+    );
+    taken.release().await.unwrap();
+}
+
+/// A server killed and restarted with a lock held: the holder keeps the lock if its session
+/// survived, or has seen `lost()`; either way the next holder's token is greater, because
+/// zxids survive the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_keeps_tokens_increasing() {
+    let mut server = start_zookeeper().await;
+    let url = zk_url(&[server.addr()], "");
+    let holder = LockClient::from_dyn(connect(&url).await);
+    let key = key("restart");
+    let ttl = Duration::from_secs(20);
+    let guard = holder.lock(&key).ttl(ttl).await.unwrap();
+    server.restart().await.unwrap();
+    let rival = LockClient::from_dyn(connect(&url).await);
+    let waiting = spawn_lock(rival.clone(), &key, rival_options(ttl * 3));
+    if guard.is_held() {
+        // The session survived: the lock is still the holder's until it lets go.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!waiting.is_finished(), "a rival got a held lock");
+        assert!(guard.is_held());
+    }
+    let old_token = guard.token();
+    let _ = guard.release().await;
+    let (taken, _) = granted_within(ttl * 3, "rival", waiting).await.unwrap();
+    assert!(taken.token() > old_token);
+    taken.release().await.unwrap();
+}
+
+/// The environment variable that makes `holder_process` hold a lock (its value: the URL
+/// and the key, separated by a space).
+const HOLDER_ENV: &str = "DISTLOCK_ZK_HOLDER";
+
+/// Not a test of its own: the child process of `a_killed_holder_process_lets_a_queued_waiter_in`.
+#[tokio::test]
+#[ignore = "the child process of a_killed_holder_process_lets_a_queued_waiter_in"]
+async fn holder_process() {
+    let spec = std::env::var(HOLDER_ENV).expect("run by its parent test only");
+    let (url, key) = spec.split_once(' ').unwrap();
+    let client = LockClient::from_dyn(connect(url).await);
+    let guard = client
+        .lock(key)
+        .ttl(Duration::from_millis(1000))
+        .await
+        .unwrap();
+    println!("held {}", guard.token());
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+}
+
+/// A holder process killed with SIGKILL cannot release: the server ends its session after
+/// the TTL, and the waiter queued in another process gets the key then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_holder_process_lets_a_queued_waiter_in() {
+    let server = start_zookeeper().await;
+    let url = zk_url(&[server.addr()], "");
+    let key = key("killed-holder");
+    let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "holder_process", "--nocapture"])
+        .env(HOLDER_ENV, format!("{url} {key}"))
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let held = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(token) = line.strip_prefix("held ") {
+                return token.parse::<u64>().unwrap();
+            }
+        }
+        panic!("the holder process ended without holding the lock");
+    })
+    .await
+    .expect("the holder process holds the lock");
+    let waiter = LockClient::from_dyn(connect(&url).await);
+    let observer = connect(&url).await;
+    let waiting = spawn_lock(waiter, &key, rival_options(Duration::from_secs(30)));
+    let lock_key = LockKey::new(&key).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while observer
+        .inspect(&lock_key)
+        .await
+        .unwrap()
+        .and_then(|info| info.waiters)
+        != Some(1)
+    {
+        assert!(Instant::now() < deadline, "the waiter never queued");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    child.kill().await.unwrap();
+    let killed_at = Instant::now();
+    let (guard, got_at) = granted_within(Duration::from_secs(10), "waiter", waiting)
+        .await
+        .unwrap();
+    assert!(
+        got_at - killed_at <= Duration::from_millis(1000) + SLACK * 2,
+        "the waiter got the key {:?} after the kill",
+        got_at - killed_at
+    );
+    assert!(guard.token().get() > held);
+    guard.release().await.unwrap();
+}
+
+/// A creation whose request reached the server but whose reply was lost: the retry with
+/// the same lease id finds its node by name instead of leaving an orphan that would block
+/// the queue (CURATOR-79).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_creation_whose_reply_is_lost_leaves_no_orphan() {
+    let server = start_zookeeper().await;
+    let proxy = TcpFaultProxy::start(server.addr()).await.unwrap();
+    let backend = connect(&zk_url(&[proxy.addr()], "")).await;
+    let observer = connect(&zk_url(&[server.addr()], "")).await;
+    let key = LockKey::new(key("lost-reply")).unwrap();
+    let ttl = Duration::from_secs(10);
+    let request = |renewal| {
+        AcquireRequest::new(key.clone(), ttl, default_drift_allowance(ttl)).with_renewal(renewal)
+    };
+    // The observer holds the key, so the parent exists and the creation queues.
+    let held = observer
+        .acquire_once(&request(Renewal::Manual), ttl)
+        .await
+        .unwrap();
+    let queued = request(Renewal::Auto);
+    // Opens the session first, so the cut catches the creation itself.
+    let warm = request(Renewal::Auto);
+    with_timeout(ttl, "enqueue", backend.enqueue(&warm))
+        .await
+        .unwrap();
+    backend.leave_queue(&key, warm.lease_id()).await.unwrap();
+    proxy.set_mode(ProxyMode::CutReplies);
+    let lost = with_timeout(
+        Duration::from_millis(300),
+        "enqueue",
+        backend.enqueue(&queued),
+    )
+    .await;
+    assert_eq!(lost.unwrap_err().kind(), ErrorKind::Unavailable);
+    let waiters = || async { observer.inspect(&key).await.unwrap().unwrap().waiters };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while waiters().await != Some(1) {
+        assert!(Instant::now() < deadline, "the creation never landed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    proxy.set_mode(ProxyMode::Pass);
+    with_timeout(ttl, "enqueue", backend.enqueue(&queued))
+        .await
+        .unwrap();
+    assert_eq!(waiters().await, Some(1), "the retry left a second node");
+    observer.release_lease(&held, ttl).await.unwrap();
+    let granted = backend.acquire_queued_once(&queued, ttl).await.unwrap();
+    let QueuedAttempt::Granted(lease) = granted else {
+        panic!("the retried node did not get its turn: {granted:?}");
+    };
+    let info = observer.inspect(&key).await.unwrap().unwrap();
+    assert_eq!((info.lease_id, info.waiters), (lease.id(), Some(0)));
+    backend.release_lease(&lease, ttl).await.unwrap();
+    assert!(observer.inspect(&key).await.unwrap().is_none());
+}
+
+/// Keys with path characters, reserved names, unicode and 256 bytes each get a node of
+/// their own, named by the documented escaping, and exclude only themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_keys_get_nodes_of_their_own() {
+    let server = start_zookeeper().await;
+    let url = zk_url(&[server.addr()], "");
+    let a = LockClient::from_dyn(connect(&url).await);
+    let b = LockClient::from_dyn(connect(&url).await);
+    let raw = Client::connect(&server.addr().to_string()).await.unwrap();
+    let prefix = key("");
+    let long = format!("{prefix}{}", "é".repeat((256 - prefix.len()) / 2));
+    let keys: Vec<String> = [
+        "/",
+        "..",
+        ".",
+        "zookeeper",
+        "a/../b",
+        "%2F",
+        "日本語",
+        "😀",
+        "\u{e000}",
+        "\u{fff0}",
+        " ",
+        "*",
+    ]
+    .iter()
+    .map(|k| format!("{prefix}{k}"))
+    .chain([long.clone(), "zookeeper".to_string(), "..".to_string()])
+    .collect();
+    assert!(long.len() <= 256 && long.len() > 250);
+    let mut guards = Vec::new();
+    for key in &keys {
+        let guard = a.lock(key).await.unwrap();
+        let err = b.try_lock(key).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::HeldByAnother, "{key:?}");
+        let escaped: String = key
+            .bytes()
+            .map(|byte| {
+                if byte.is_ascii_alphanumeric() || b"-_:~".contains(&byte) {
+                    char::from(byte).to_string()
+                } else {
+                    format!("%{byte:02X}")
+                }
+            })
+            .collect();
+        let children = raw
+            .list_children(&format!("/distlock/{escaped}"))
+            .await
+            .unwrap();
+        assert_eq!(children.len(), 1, "{key:?}");
+        guards.push(guard);
+    }
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+}
+
+/// A digest credential the server refuses for the lock root is `PermissionDenied`, and the
+/// password shows nowhere; the right one works; a chroot that does not exist is
+/// `Misconfigured`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_credentials_are_permission_denied() {
+    let server = start_zookeeper().await;
+    let admin = Client::connector()
+        .with_auth("digest", b"app:right-pass")
+        .connect(&server.addr().to_string())
+        .await
+        .unwrap();
+    admin
+        .create(
+            "/secure",
+            &[],
+            &CreateMode::Persistent.with_acls(Acls::creator_all()),
+        )
+        .await
+        .unwrap();
+    let url = |password: &str| {
+        format!(
+            "zk://app:{password}@{}/secure?{}",
+            server.addr(),
+            support::test_options()
+        )
+    };
+    let err = lock_zk::connect(&url("Wr0ng-S3cret")).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err:?}");
+    let shown = format!("{err} {err:?}");
+    assert!(!shown.contains("Wr0ng-S3cret"), "{shown}");
+    let anonymous = format!("zk://{}/secure?{}", server.addr(), support::test_options());
+    let err = lock_zk::connect(&anonymous).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err:?}");
+    let missing = format!("zk://{}/missing?{}", server.addr(), support::test_options());
+    let err = lock_zk::connect(&missing).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Misconfigured, "{err:?}");
+    let backend = connect(&url("right-pass")).await;
+    assert!(!format!("{backend:?}").contains("right-pass"));
+    let client = LockClient::from_dyn(backend);
+    let guard = client.lock(key("secured")).await.unwrap();
+    guard.release().await.unwrap();
+}
+
+/// Nothing listening, or a server that never answers: `Unavailable` within the connect
+/// timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_ensemble_is_unavailable_within_the_timeout() {
+    let server = start_zookeeper().await;
+    let silent = TcpFaultProxy::start(server.addr()).await.unwrap();
+    silent.set_mode(ProxyMode::BlackHole);
+    let bound = Duration::from_millis(500);
+    for addrs in [
+        vec![closed_addr()],
+        vec![silent.addr()],
+        vec![closed_addr(), silent.addr(), closed_addr()],
+    ] {
+        let started = Instant::now();
+        let err = lock_zk::connect(&zk_url(&addrs, "connect_timeout_ms=500"))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unavailable, "{err:?}");
+        assert!(
+            started.elapsed() <= bound + SLACK,
+            "{:?}",
+            started.elapsed()
+        );
+    }
+}
+
+/// The ensemble's leader is killed while a lock is held: the holder keeps its lock (its
+/// session moves to another member), or sees `lost()` before anyone else gets the key;
+/// either way tokens keep increasing, also after the old leader is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_kill_keeps_or_loses_the_lock_safely() {
+    let mut servers = support::start_ensemble().await;
+    let addrs: Vec<_> = servers.iter().map(|s| s.addr()).collect();
+    let url = zk_url(&addrs, "");
+    let holder = LockClient::from_dyn(connect(&url).await);
+    let rival = LockClient::from_dyn(connect(&url).await);
+    let key = key("leader-kill");
+    let ttl = Duration::from_secs(2);
+    let guard = holder.lock(&key).ttl(ttl).await.unwrap();
+    let mut leader = None;
+    for (index, addr) in addrs.iter().enumerate() {
+        if conformance_tests::store_process::zookeeper_mode(*addr)
+            .await
+            .is_ok_and(|mode| mode == "leader")
+        {
+            leader = Some(index);
+        }
+    }
+    let leader = leader.expect("the ensemble has a leader");
+    servers[leader].kill().unwrap();
+    let waiting = spawn_lock(rival.clone(), &key, rival_options(Duration::from_secs(60)));
+    let watch_until = Instant::now() + ttl * 3;
+    while Instant::now() < watch_until && !waiting.is_finished() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let old_token = guard.token();
+    if waiting.is_finished() {
+        let (taken, got_at) = granted_within(SLACK, "rival", waiting).await.unwrap();
+        assert!(
+            guard.lease().valid_until() <= got_at,
+            "a rival got the key while its holder still trusted it"
+        );
+        assert!(!guard.is_held());
+        assert!(taken.token() > old_token);
+        taken.release().await.unwrap();
+    } else {
+        assert!(
+            guard.is_held(),
+            "the holder lost the lock, yet nobody took it"
+        );
+        guard.release().await.unwrap();
+        let (taken, _) = granted_within(ttl * 5, "rival", waiting).await.unwrap();
+        assert!(taken.token() > old_token);
+        taken.release().await.unwrap();
+    }
+    servers[leader].restart().await.unwrap();
+    let again = rival.lock(&key).ttl(ttl).await.unwrap();
+    assert!(again.token() > old_token);
+    again.release().await.unwrap();
+}
+
+/// A queued waiter whose session ends while it waits (its link cut past the timeout) queues
+/// again under a new session once the link is back, and still gets the key: neither the
+/// client's "no response from connection" error nor the ended session ends the wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_session_ended_queues_again() {
+    let server = start_zookeeper().await;
+    let proxy = TcpFaultProxy::start(server.addr()).await.unwrap();
+    let waiter = LockClient::from_dyn(connect(&zk_url(&[proxy.addr()], "")).await);
+    let holder = LockClient::from_dyn(connect(&zk_url(&[server.addr()], "")).await);
+    let observer = connect(&zk_url(&[server.addr()], "")).await;
+    let key = key("waiter-session");
+    let lock_key = LockKey::new(&key).unwrap();
+    let ttl = Duration::from_millis(600);
+    let held = holder.lock(&key).ttl(ttl).await.unwrap();
+    let options = AcquireOptions {
+        ttl,
+        ..rival_options(Duration::from_secs(30))
+    };
+    let waiting = spawn_lock(waiter, &key, options);
+    let queued = |n: usize| {
+        let (observer, lock_key) = (observer.clone(), lock_key.clone());
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while observer
+                .inspect(&lock_key)
+                .await
+                .unwrap()
+                .and_then(|info| info.waiters)
+                != Some(n)
+            {
+                assert!(Instant::now() < deadline, "never {n} waiting");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    queued(1).await;
+    proxy.set_mode(ProxyMode::BlackHole);
+    // The server ends the waiter's session, and its node goes with it.
+    queued(0).await;
+    proxy.set_mode(ProxyMode::Pass);
+    queued(1).await;
+    held.release().await.unwrap();
+    let (guard, _) = granted_within(Duration::from_secs(10), "waiter", waiting)
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+}

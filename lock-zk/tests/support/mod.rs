@@ -1,0 +1,166 @@
+//! Shared by the lock-zk test targets: private servers, URLs and conformance factories.
+//! Each target uses a different part of it.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance_tests::proxy::{ProxyMode, TcpFaultProxy};
+use conformance_tests::store_process::{
+    free_port, StoreProcess, StoreSpec, ZookeeperPeer, ZOOKEEPER_MAX_SESSION_TIMEOUT_MS,
+    ZOOKEEPER_MIN_SESSION_TIMEOUT_MS,
+};
+use conformance_tests::{BackendFactory, LinkControl};
+use lock_core::{async_trait, backend::DynBackend};
+use lock_zk::{ZkBackend, ZkConfig};
+
+/// Starts a private standalone server; a missing server is an error, never a skip.
+pub async fn start_zookeeper() -> StoreProcess {
+    StoreProcess::start(StoreSpec::zookeeper())
+        .await
+        .unwrap_or_else(|err| panic!("cannot start ZooKeeper: {err}"))
+}
+
+/// Starts a private three-server ensemble on loopback (all members at once: each is ready
+/// only once a quorum serves).
+pub async fn start_ensemble() -> Vec<StoreProcess> {
+    try_start_ensemble()
+        .await
+        .unwrap_or_else(|err| panic!("{err}"))
+}
+
+async fn try_start_ensemble() -> Result<Vec<StoreProcess>, String> {
+    let mut peers = Vec::new();
+    for id in 1..=3u8 {
+        peers.push(ZookeeperPeer {
+            id,
+            quorum_port: free_port().map_err(|e| e.to_string())?,
+            election_port: free_port().map_err(|e| e.to_string())?,
+        });
+    }
+    let (a, b, c) = tokio::join!(
+        StoreProcess::start(StoreSpec::zookeeper_member(1, &peers)),
+        StoreProcess::start(StoreSpec::zookeeper_member(2, &peers)),
+        StoreProcess::start(StoreSpec::zookeeper_member(3, &peers)),
+    );
+    let started =
+        |r: Result<StoreProcess, _>| r.map_err(|e| format!("cannot start ZooKeeper: {e}"));
+    Ok(vec![started(a)?, started(b)?, started(c)?])
+}
+
+/// The options every test URL carries: the test servers' session limits and a control
+/// session that notices a dead server quickly.
+pub fn test_options() -> String {
+    format!(
+        "min_ttl_ms={ZOOKEEPER_MIN_SESSION_TIMEOUT_MS}&max_ttl_ms={ZOOKEEPER_MAX_SESSION_TIMEOUT_MS}&session_timeout_ms=4000"
+    )
+}
+
+/// A URL for `addrs` with the test options and `extra` options (`"a=b&c=d"`, may be empty).
+pub fn zk_url(addrs: &[SocketAddr], extra: &str) -> String {
+    let hosts: Vec<String> = addrs.iter().map(ToString::to_string).collect();
+    let sep = if extra.is_empty() { "" } else { "&" };
+    format!("zk://{}/?{}{sep}{extra}", hosts.join(","), test_options())
+}
+
+/// A loopback address nothing listens on.
+pub fn closed_addr() -> SocketAddr {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    listener.local_addr().unwrap()
+}
+
+/// Connects a backend for `url`.
+pub async fn connect(url: &str) -> DynBackend {
+    lock_zk::connect(url).await.unwrap()
+}
+
+/// A proxy in front of one server, as a conformance link: cut is a silent partition, and
+/// slow replies delay each direction by half the asked delay (the ZooKeeper client drops a
+/// connection silent for 2/5 of the session timeout, so a whole round trip of the asked
+/// delay is what it can live with).
+pub struct ProxyLink(pub TcpFaultProxy);
+
+impl LinkControl for ProxyLink {
+    fn cut(&self) {
+        self.0.set_mode(ProxyMode::BlackHole);
+    }
+    fn restore(&self) {
+        self.0.set_mode(ProxyMode::Pass);
+    }
+    fn delay_replies(&self, delay: Duration) {
+        self.0.set_mode(ProxyMode::Delay(delay / 2));
+    }
+}
+
+/// A conformance factory over servers it keeps alive.
+pub struct ZkFactory {
+    name: &'static str,
+    addrs: Vec<SocketAddr>,
+    url: String,
+    _servers: Vec<StoreProcess>,
+}
+
+impl ZkFactory {
+    /// One private standalone server.
+    pub async fn standalone() -> Result<Arc<dyn BackendFactory>, String> {
+        let server = StoreProcess::start(StoreSpec::zookeeper())
+            .await
+            .map_err(|e| format!("cannot start ZooKeeper: {e}"))?;
+        Ok(Self::over("zookeeper", vec![server]))
+    }
+
+    /// A private three-server ensemble.
+    pub async fn ensemble() -> Result<Arc<dyn BackendFactory>, String> {
+        Ok(Self::over(
+            "zookeeper-ensemble",
+            try_start_ensemble().await?,
+        ))
+    }
+
+    fn over(name: &'static str, servers: Vec<StoreProcess>) -> Arc<dyn BackendFactory> {
+        let addrs: Vec<SocketAddr> = servers.iter().map(StoreProcess::addr).collect();
+        Arc::new(ZkFactory {
+            name,
+            url: zk_url(&addrs, ""),
+            addrs,
+            _servers: servers,
+        })
+    }
+}
+
+#[async_trait]
+impl BackendFactory for ZkFactory {
+    fn name(&self) -> String {
+        self.name.to_string()
+    }
+
+    async fn connect(&self) -> lock_core::Result<DynBackend> {
+        lock_zk::connect(&self.url).await
+    }
+
+    async fn residue(&self, prefix: &str) -> lock_core::Result<Vec<String>> {
+        ZkBackend::connect(&ZkConfig::from_url(&self.url)?)
+            .await?
+            .stored_keys(prefix)
+            .await
+    }
+
+    async fn connect_unreachable(&self) -> Option<lock_core::Result<DynBackend>> {
+        let url = zk_url(&[closed_addr()], "connect_timeout_ms=500");
+        Some(lock_zk::connect(&url).await)
+    }
+
+    async fn connect_with_link(
+        &self,
+    ) -> Option<lock_core::Result<(DynBackend, Arc<dyn LinkControl>)>> {
+        // One server behind one proxy: the client cannot route around the cut.
+        let proxy = TcpFaultProxy::start(self.addrs[0]).await.ok()?;
+        let url = zk_url(&[proxy.addr()], "");
+        Some(
+            lock_zk::connect(&url)
+                .await
+                .map(|backend| (backend, Arc::new(ProxyLink(proxy)) as Arc<dyn LinkControl>)),
+        )
+    }
+}
