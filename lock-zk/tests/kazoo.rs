@@ -97,6 +97,12 @@ async fn distlock_and_kazoo_exclude_each_other() {
         let (client, path) = (client.clone(), path.clone());
         tokio::spawn(async move { client.lock(&path).wait_up_to(Duration::from_secs(30)).await })
     };
+    // The waiter queues in the background: wait for its node before kazoo counts.
+    let queued_by = tokio::time::Instant::now() + Duration::from_secs(10);
+    while client.inspect(&path).await.unwrap().unwrap().waiters != Some(1) {
+        assert!(tokio::time::Instant::now() < queued_by, "distlock never queued");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     kazoo.send("contenders").await;
     assert_eq!(kazoo.answer(Duration::from_secs(5)).await, "contenders 2");
     tokio::time::sleep(Duration::from_millis(300)).await;

@@ -131,34 +131,75 @@ struct QueuePlace {
 
 impl QueuePlace {
     async fn leave(&mut self) {
-        let Some((key, lease_id)) = self.entry.take() else {
-            return;
-        };
-        let left = crate::backend::with_timeout(
-            self.timeout,
-            "leave_queue",
-            self.backend.leave_queue(&key, lease_id),
-        )
-        .await;
-        if let Err(err) = left {
-            tracing::debug!(error = %err, %key, "leaving the queue failed; the entry expires with its waiter");
+        if let Some((key, lease_id)) = self.entry.take() {
+            leave_queue(&self.backend, &key, lease_id, self.timeout).await;
         }
     }
 }
 
 impl Drop for QueuePlace {
     fn drop(&mut self) {
-        let Some(entry) = self.entry.take() else {
+        let Some((key, lease_id)) = self.entry.take() else {
             return;
         };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let mut place = QueuePlace {
-            backend: self.backend.clone(),
-            entry: Some(entry),
-            timeout: self.timeout,
-        };
-        runtime.spawn(async move { place.leave().await });
+        // The task owns plain data, never another `QueuePlace`: a runtime that is shutting
+        // down drops a new task unpolled, and a place in it would spawn again from its own
+        // drop, without end.
+        let (backend, timeout) = (self.backend.clone(), self.timeout);
+        runtime.spawn(async move { leave_queue(&backend, &key, lease_id, timeout).await });
+    }
+}
+
+async fn leave_queue(backend: &DynBackend, key: &LockKey, lease_id: LeaseId, timeout: Duration) {
+    let left =
+        crate::backend::with_timeout(timeout, "leave_queue", backend.leave_queue(key, lease_id))
+            .await;
+    if let Err(err) = left {
+        tracing::debug!(error = %err, %key, "leaving the queue failed; the entry expires with its waiter");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crate::{LockClient, MemoryBackend};
+
+    /// A runtime that shuts down drops its parked tasks, and with them a queued waiter's
+    /// place. Leaving the queue then spawns onto that closing runtime, which drops the new
+    /// task unpolled; before the fix, the place inside it spawned again from its own drop
+    /// until the worker's stack overflowed and the process aborted.
+    #[test]
+    fn a_queued_waiter_dropped_by_a_closing_runtime_does_not_respawn_forever() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let store = Arc::new(MemoryBackend::fair());
+        let client = LockClient::from_dyn(store.clone());
+        // A client of its own, so it queues in the store rather than behind the holder
+        // in this process.
+        let waiter = LockClient::from_dyn(store);
+        runtime.block_on(async {
+            let holder = client.try_lock("k").await.unwrap();
+            tokio::spawn(async move {
+                let _never = waiter
+                    .lock("k")
+                    .wait_up_to(Duration::from_secs(3600))
+                    .await;
+            });
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            while client.inspect("k").await.unwrap().unwrap().waiters != Some(1) {
+                assert!(tokio::time::Instant::now() < deadline, "the waiter never queued");
+                tokio::task::yield_now().await;
+            }
+            std::mem::forget(holder);
+        });
+        drop(runtime);
     }
 }
