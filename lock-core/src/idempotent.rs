@@ -114,7 +114,9 @@ impl IdempotentRequest {
         self
     }
 
-    /// How long the store keeps the result for retries. Default: one day.
+    /// How long the store keeps the result for retries. Default: one day. Zero, or more
+    /// than [`MAX_RETENTION`](crate::backend::MAX_RETENTION), is
+    /// [`ErrorKind::InvalidInput`] when the request runs.
     pub fn retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
         self
@@ -156,6 +158,8 @@ impl IdempotentRequest {
                 "retention is zero: nothing would be replayed",
             ));
         }
+        // Refused before anything is locked or run, not when the result is written.
+        Record::retention_millis(self.retention)?;
         let run = IdempotentRun {
             core: self.core,
             key,

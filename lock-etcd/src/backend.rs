@@ -494,9 +494,8 @@ impl LockBackend for EtcdBackend {
             return Ok(false);
         }
         // The record expires with a lease of its own, on the cluster's clock.
-        let seconds = i64::try_from(retention.as_secs_f64().ceil() as u64)
-            .map_err(|_| Error::new(ErrorKind::InvalidInput, "retention too long for etcd"))?
-            .max(1);
+        // Whole seconds, rounded up (at most thirty years: no overflow).
+        let seconds = (Record::retention_millis(retention)? + 999) / 1000;
         let lease = self
             .call(
                 "granting a record's lease",

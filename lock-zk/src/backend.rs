@@ -837,13 +837,8 @@ impl LockBackend for ZkBackend {
     ) -> Result<bool> {
         let span = tracing::debug_span!("zk.write_record", key = %key);
         async {
-            let retention = retention.max(Duration::from_millis(1));
-            let millis = i64::try_from(retention.as_millis()).map_err(|_| {
-                Error::new(
-                    ErrorKind::InvalidInput,
-                    format!("retention {retention:?} is too large"),
-                )
-            })?;
+            let millis = Record::retention_millis(retention)?;
+            let retention = Duration::from_millis(millis.unsigned_abs());
             let Some(holder) = self.holding_node(key, lease_id).await? else {
                 return Ok(false);
             };

@@ -100,7 +100,10 @@ async fn distlock_and_kazoo_exclude_each_other() {
     // The waiter queues in the background: wait for its node before kazoo counts.
     let queued_by = tokio::time::Instant::now() + Duration::from_secs(10);
     while client.inspect(&path).await.unwrap().unwrap().waiters != Some(1) {
-        assert!(tokio::time::Instant::now() < queued_by, "distlock never queued");
+        assert!(
+            tokio::time::Instant::now() < queued_by,
+            "distlock never queued"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     kazoo.send("contenders").await;

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::backend::{AcquireRequest, LockBackendExt, Record};
+use lock_core::backend::{AcquireRequest, LockBackendExt, Record, MAX_RETENTION};
 use lock_core::{ErrorKind, Execution, LockClient, LockKey};
 use tokio::sync::Notify;
 
@@ -235,6 +235,65 @@ pub async fn record_write_needs_the_live_holder(ctx: &Ctx) -> Outcome {
     ensure!(
         backend.read_record(&key).await? == Some(record(b"held")),
         "a refused late write changed the record"
+    );
+    Ok(())
+}
+
+/// The longest retention, [`MAX_RETENTION`], is kept by every store; a longer one is
+/// invalid input, refused by the store's write and, through the client, before anything
+/// is locked or run.
+pub async fn record_retention_is_bounded(ctx: &Ctx) -> Outcome {
+    let key = LockKey::new(ctx.key("idempotent-retention"))?;
+    let backend = ctx.backend().await?;
+    let request = AcquireRequest::new(key.clone(), ctx.long_ttl(), Duration::ZERO);
+    let lease = backend
+        .acquire_once(&request, Duration::from_secs(5))
+        .await?;
+    let record = Record {
+        value: b"kept".to_vec(),
+        fingerprint: None,
+        token: lease.token(),
+    };
+    let too_long = MAX_RETENTION + Duration::from_secs(1);
+    expect_kind(
+        backend
+            .write_record(&key, lease.id(), &record, too_long)
+            .await,
+        ErrorKind::InvalidInput,
+        "a write kept beyond MAX_RETENTION",
+    )?;
+    ensure!(
+        backend.read_record(&key).await?.is_none(),
+        "a refused write left a record"
+    );
+    ensure!(
+        backend
+            .write_record(&key, lease.id(), &record, MAX_RETENTION)
+            .await?,
+        "the holder's write kept for MAX_RETENTION was refused"
+    );
+    ensure!(
+        backend.read_record(&key).await? == Some(record),
+        "the record kept for MAX_RETENTION did not read back"
+    );
+    backend.release(&key, lease.id()).await?;
+
+    let runs = Arc::new(AtomicUsize::new(0));
+    let run = ctx
+        .client()
+        .await?
+        .idempotent(ctx.key("idempotent-retention-run"))
+        .retention(too_long)
+        .run(counted(&runs, b"never"))
+        .await;
+    expect_kind(
+        run,
+        ErrorKind::InvalidInput,
+        "a run kept beyond MAX_RETENTION",
+    )?;
+    ensure!(
+        runs.load(Ordering::SeqCst) == 0,
+        "the work ran although its retention was refused"
     );
     Ok(())
 }

@@ -193,6 +193,7 @@ scenarios! {
     idempotent::idempotent_mismatch_is_refused => Records,
     idempotent::idempotent_in_progress_and_failed_runs => Records,
     idempotent::record_write_needs_the_live_holder => Records,
+    idempotent::record_retention_is_bounded => Records,
     idempotent::late_record_of_a_lost_holder_is_refused => Records & LeaseTtl,
     idempotent::late_record_of_a_holder_whose_session_ended_is_refused => Records & SessionLink,
     idempotent::idempotent_is_refused_without_records => NoRecords,

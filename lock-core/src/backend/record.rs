@@ -5,9 +5,9 @@ use std::time::Duration;
 use crate::error::{Error, ErrorKind, Result};
 use crate::lease::FencingToken;
 
-/// The longest a record may be kept: a century, far beyond any retry and within every
-/// store's millisecond arithmetic.
-pub const MAX_RETENTION: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+/// The longest a record may be kept: thirty years, far beyond any retry and within every
+/// store's expiry (ZooKeeper's TTL nodes end first, at 2^40 - 1 ms, about 34.8 years).
+pub const MAX_RETENTION: Duration = Duration::from_secs(30 * 365 * 24 * 60 * 60);
 
 /// What an idempotent run left for its retries: its result, the fingerprint of the request
 /// that produced it, and the fencing token of the run that wrote it.
@@ -36,7 +36,7 @@ impl Record {
                 format!("retention {retention:?} is longer than {MAX_RETENTION:?}"),
             ));
         }
-        // At most a century of milliseconds: far below i64::MAX.
+        // At most thirty years of milliseconds: far below i64::MAX.
         Ok(i64::try_from(retention.as_nanos().div_ceil(1_000_000).max(1)).unwrap_or(i64::MAX))
     }
 
@@ -110,12 +110,12 @@ mod tests {
     }
 
     #[test]
-    fn retention_rounds_up_to_whole_milliseconds_within_a_century() {
+    fn retention_rounds_up_to_whole_milliseconds_within_thirty_years() {
         let millis = |retention| Record::retention_millis(retention).ok();
         assert_eq!(millis(Duration::from_nanos(1)), Some(1));
         assert_eq!(millis(Duration::from_micros(1500)), Some(2));
         assert_eq!(millis(Duration::from_secs(2)), Some(2000));
-        assert_eq!(millis(MAX_RETENTION), Some(3_153_600_000_000));
+        assert_eq!(millis(MAX_RETENTION), Some(946_080_000_000));
         let too_long = Record::retention_millis(MAX_RETENTION + Duration::from_secs(1));
         assert_eq!(too_long.map_err(|e| e.kind()), Err(ErrorKind::InvalidInput));
     }

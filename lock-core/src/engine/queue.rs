@@ -188,14 +188,14 @@ mod tests {
         runtime.block_on(async {
             let holder = client.try_lock("k").await.unwrap();
             tokio::spawn(async move {
-                let _never = waiter
-                    .lock("k")
-                    .wait_up_to(Duration::from_secs(3600))
-                    .await;
+                let _never = waiter.lock("k").wait_up_to(Duration::from_secs(3600)).await;
             });
             let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
             while client.inspect("k").await.unwrap().unwrap().waiters != Some(1) {
-                assert!(tokio::time::Instant::now() < deadline, "the waiter never queued");
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "the waiter never queued"
+                );
                 tokio::task::yield_now().await;
             }
             std::mem::forget(holder);

@@ -506,6 +506,7 @@ impl LockBackend for MemoryBackend {
         retention: Duration,
     ) -> Result<bool> {
         self.reachable()?;
+        Record::retention_millis(retention)?;
         let until = Instant::now()
             .checked_add(retention)
             .ok_or_else(|| Error::invalid(format!("retention {retention:?} is too large")))?;
