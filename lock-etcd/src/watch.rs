@@ -1,10 +1,11 @@
-//! Waiting with etcd watches: a queued waiter watches only its predecessor's entry, from
-//! the revision at which it saw it, so a deletion in between is never missed.
+//! Waiting with etcd watches: a queued waiter watches only its predecessor's entry, and
+//! checks the entry is still there once the watch is in place, so a deletion in between is
+//! never missed.
 
 use std::time::Duration;
 
 use etcd_client::{
-    Client, EventType, GetOptions, SortOrder, SortTarget, WatchFilterType, WatchOptions,
+    Client, EventType, GetOptions, KeyValue, SortOrder, SortTarget, WatchFilterType, WatchOptions,
     WatchStream,
 };
 use lock_core::async_trait;
@@ -45,8 +46,9 @@ impl TurnWatch {
         }
     }
 
-    /// Looks at the queue and watches the entry just ahead of ours from the revision of
-    /// that look. `None` when there is nothing to wait for: our entry is first, or gone.
+    /// Looks at the queue and watches the entry just ahead of ours. `None` when there is
+    /// nothing to wait for: our entry is first, or gone, or the predecessor went while the
+    /// watch was being set up.
     async fn watch_predecessor(&self) -> Result<Option<WatchStream>> {
         let options = GetOptions::new()
             .with_range(range_end(&self.dir))
@@ -59,35 +61,74 @@ impl TurnWatch {
                 .with_range(range_end(&self.dir))
                 .with_sort(SortTarget::Create, SortOrder::Ascend),
         };
-        let found = timeout(
-            self.request_timeout,
-            self.client.kv_client().get(self.dir.clone(), Some(options)),
-        )
-        .await
-        .map_err(|_| timed_out("looking at the queue"))?
-        .map_err(|err| map("looking at the queue", err))?;
+        let found = self
+            .get("looking at the queue", self.dir.clone(), options)
+            .await?;
         let revision = found.header().map_or(0, |h| h.revision());
         let position = found.kvs().iter().position(|kv| match &self.own {
             Own::Entry(entry) => kv.key() == entry.as_slice(),
             Own::Value(lease_id) => parse_value(kv.value()).is_some_and(|(id, _)| id == *lease_id),
         });
-        let Some(predecessor) = position
-            .filter(|at| *at > 0)
-            .map(|at| found.kvs()[at - 1].key().to_vec())
-        else {
+        let Some(predecessor) = position.filter(|at| *at > 0).map(|at| &found.kvs()[at - 1]) else {
             return Ok(None);
         };
-        let options = WatchOptions::new()
-            .with_start_revision(revision + 1)
-            .with_filters([WatchFilterType::NoPut]);
-        let stream = timeout(
+        let (key, created) = (predecessor.key().to_vec(), predecessor.create_revision());
+        // Watched from etcd's current revision, not from `revision + 1`: etcd serves a
+        // watch that starts in the past ("unsynced") only from a loop that runs every
+        // 100 ms, so a release landing before that loop caught up reached the waiter up to
+        // 100 ms late, and on a busy key nearly every watch starts in the past.
+        let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+        let mut stream = timeout(
             self.request_timeout,
-            self.client.watch_client().watch(predecessor, Some(options)),
+            self.client.watch_client().watch(key.clone(), Some(options)),
         )
         .await
         .map_err(|_| timed_out("watching the queue"))?
         .map_err(|err| map("watching the queue", err))?;
+        // The watch delivers every change after the revision its confirmation carries.
+        let confirmed = timeout(self.request_timeout, stream.message())
+            .await
+            .map_err(|_| timed_out("watching the queue"))?;
+        let watched_from = match confirmed {
+            Ok(Some(reply)) if reply.created() && !reply.canceled() => {
+                reply.header().map_or(i64::MAX, |h| h.revision())
+            }
+            // Not confirmed: the caller looks again.
+            _ => return Ok(None),
+        };
+        if watched_from > revision {
+            // Something was written between the read and the watch: the predecessor may
+            // have gone (or gone and queued again, behind us) in that gap, which the watch
+            // would not report. It is still ahead only if this entry is still there, from
+            // a read made after the watch was in place.
+            let still = self
+                .get(
+                    "looking at the queue",
+                    key,
+                    GetOptions::new().with_keys_only(),
+                )
+                .await?;
+            let ahead = still.kvs().first().map(KeyValue::create_revision);
+            if ahead != Some(created) {
+                return Ok(None);
+            }
+        }
         Ok(Some(stream))
+    }
+
+    async fn get(
+        &self,
+        what: &str,
+        key: Vec<u8>,
+        options: GetOptions,
+    ) -> Result<etcd_client::GetResponse> {
+        timeout(
+            self.request_timeout,
+            self.client.kv_client().get(key, Some(options)),
+        )
+        .await
+        .map_err(|_| timed_out(what))?
+        .map_err(|err| map(what, err))
     }
 }
 
