@@ -5,6 +5,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::capabilities::Capabilities;
 use crate::engine::acquire::acquire_held;
 use crate::engine::held::HeldLock;
 use crate::engine::ClientCore;
@@ -112,7 +113,7 @@ impl OnceRequest {
             ));
         }
         let options = AcquireOptions {
-            ttl: at_most,
+            ttl: padded(backend.capabilities(), at_most),
             wait: Wait::No,
             renewal: Renewal::Manual,
             ..self.defaults
@@ -192,7 +193,47 @@ impl OnceTicket {
             return self.held.leave_to_expire(None).await;
         }
         let capabilities = self.held.backend().capabilities();
-        let ttl = capabilities.store_ttl(left.max(capabilities.min_ttl));
+        let ttl = padded(capabilities, left.max(capabilities.min_ttl));
         self.held.leave_to_expire(Some(ttl)).await
+    }
+}
+
+/// A store reads its clock in whole `ttl_granularity` steps, truncated, so a hold asked for
+/// `ttl` can end up to one step before `ttl` has really passed since its start. One step
+/// more keeps `at_least` and `at_most` by real time (unless that would pass `max_ttl`).
+fn padded(capabilities: &Capabilities, ttl: Duration) -> Duration {
+    let padded = capabilities
+        .store_ttl(ttl)
+        .saturating_add(capabilities.ttl_granularity);
+    if padded <= capabilities.max_ttl {
+        padded
+    } else {
+        ttl
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_once_hold_is_one_clock_step_longer_unless_that_passes_max_ttl() {
+        let caps = Capabilities {
+            ttl_granularity: Duration::from_millis(1),
+            max_ttl: Duration::from_secs(10),
+            ..Capabilities::default()
+        };
+        assert_eq!(
+            padded(&caps, Duration::from_millis(400)),
+            Duration::from_millis(401)
+        );
+        assert_eq!(
+            padded(&caps, Duration::from_micros(400_500)),
+            Duration::from_millis(402)
+        );
+        assert_eq!(
+            padded(&caps, Duration::from_secs(10)),
+            Duration::from_secs(10)
+        );
     }
 }
