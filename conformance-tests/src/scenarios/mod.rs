@@ -7,6 +7,7 @@ use lock_core::{Capabilities, Liveness};
 
 use crate::harness::{BackendFactory, Ctx, Outcome};
 
+pub mod cleanup;
 pub mod exclusion;
 pub mod idempotent;
 pub mod input;
@@ -175,6 +176,8 @@ scenarios! {
     recovery::ambiguous_release_resolves_on_retry => Nothing,
     recovery::unavailable_store_is_retryable_and_recovers => Nothing,
     recovery::unreachable_store_reports_unavailable => UnreachableClient,
+    cleanup::waiter_that_gave_up_during_an_outage_leaves_the_queue => FairOrdering,
+    cleanup::release_that_failed_until_the_deadline_is_retried => SessionBound,
     sessions::session_expiry_loses_every_lease_before_a_rival_is_granted => SessionLink,
     sessions::disconnected_session_stops_extending_the_deadline => SessionLink,
     sessions::keep_alive_is_measured_from_its_send => SessionLink,

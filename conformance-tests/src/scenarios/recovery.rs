@@ -119,11 +119,13 @@ pub async fn cancelled_acquire_leaves_nothing_held(ctx: &Ctx) -> Outcome {
         observer.inspect(&key).await?.is_none(),
         "a cancelled waiter holds the key"
     );
-    let residue = ctx.factory().residue(&key).await?;
-    ensure!(
-        residue.is_empty(),
-        "cancelled acquisitions left state behind: {residue:?}"
-    );
+    // A cancelled waiter cannot wait for its own clean-up: it leaves the queue from a
+    // background task, which may still be on its way when the holder's release returns.
+    eventually(SLACK, "cancelled waiters leave the store", || async {
+        Ok(ctx.factory().residue(&key).await?.is_empty())
+    })
+    .await
+    .map_err(|f| Failure(format!("cancelled acquisitions left state behind: {f}")))?;
     Ok(())
 }
 

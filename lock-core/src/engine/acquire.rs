@@ -7,11 +7,13 @@ use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 use crate::backend::{AcquireRequest, DynBackend, LockBackendExt};
-use crate::engine::held::{spawn_release, HeldLock};
+use crate::engine::cleanup::{Cleanup, CleanupOf};
+use crate::engine::held::HeldLock;
+use crate::engine::local::Handoff;
 use crate::engine::{outcome_name, ClientCore};
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::LockKey;
-use crate::lease::{Lease, LeaseId};
+use crate::lease::Lease;
 use crate::options::{AcquireOptions, Wait, WaitSpec};
 
 /// Acquires `key` per `options` and hands the lease to the client's renewal engine.
@@ -38,11 +40,18 @@ pub(crate) async fn acquire_held(
             ));
         }
         // Not wanted here (or run out meanwhile): the store gets it back first, so this
-        // task's own attempt does not find the key held by a lease nobody holds.
-        let _ = handed
-            .backend
-            .release_lease(&handed.lease, handed.request_timeout)
-            .await;
+        // task's own attempt does not find the key held by a lease nobody holds. Should
+        // this task be cancelled meanwhile, or the release fail, the background does it.
+        let mut giving_back = GivingBack(Some(handed));
+        if let Some(handed) = &giving_back.0 {
+            let released = handed
+                .backend
+                .release_lease(&handed.lease, handed.request_timeout)
+                .await;
+            if released.is_ok() {
+                giving_back.0 = None;
+            }
+        }
     }
     let remote = AcquireOptions {
         wait: options.wait.remaining_from(started),
@@ -107,8 +116,13 @@ async fn acquire_lease(
             .with_holder_label(options.holder_label.clone());
         let mut cleanup = AbandonedAttempt {
             backend: backend.clone(),
-            request: Some((request.key().clone(), request.lease_id())),
-            timeout: options.request_timeout,
+            release: Some(CleanupOf {
+                what: Cleanup::Release,
+                key: request.key().clone(),
+                lease_id: request.lease_id(),
+                timeout: options.request_timeout,
+                ttl: options.ttl,
+            }),
         };
         let spec = WaitSpec {
             until: options.wait.deadline_from(started),
@@ -155,7 +169,7 @@ async fn acquire_lease(
         match &result {
             Ok(lease) => {
                 span.record("token", lease.token().get());
-                cleanup.request = None;
+                cleanup.release = None;
             }
             // Nothing was sent, or the only attempt got a definite "held": the store holds
             // nothing of ours. After a wait, an early attempt that timed out may still
@@ -164,7 +178,7 @@ async fn acquire_lease(
                 if matches!(err.kind(), ErrorKind::InvalidInput | ErrorKind::Unsupported)
                     || (options.wait == Wait::No && err.kind() == ErrorKind::HeldByAnother) =>
             {
-                cleanup.request = None;
+                cleanup.release = None;
             }
             Err(_) => {}
         }
@@ -177,25 +191,31 @@ async fn acquire_lease(
     .await
 }
 
+/// A handed-over lease on its way back to the store: released in the background unless
+/// the task's own release was answered.
+struct GivingBack(Option<Handoff>);
+
+impl Drop for GivingBack {
+    fn drop(&mut self) {
+        if let Some(handed) = self.0.take() {
+            handed.release();
+        }
+    }
+}
+
 /// Releases a request's lease id if the acquisition future is dropped or fails in a way
 /// that leaves it unknown whether the store granted it.
 struct AbandonedAttempt {
     backend: DynBackend,
-    request: Option<(LockKey, LeaseId)>,
-    timeout: Duration,
+    release: Option<CleanupOf>,
 }
 
 impl Drop for AbandonedAttempt {
     fn drop(&mut self) {
-        if let Some((key, lease_id)) = self.request.take() {
+        if let Some(release) = self.release.take() {
             // Any attempt still on its way lands within about a request timeout.
-            spawn_release(
-                self.backend.clone(),
-                key,
-                lease_id,
-                self.timeout,
-                &[Duration::ZERO, self.timeout],
-            );
+            let timeout = release.timeout;
+            release.spawn(&self.backend, &[Duration::ZERO, timeout]);
         }
     }
 }
@@ -204,6 +224,7 @@ impl Drop for AbandonedAttempt {
 mod tests {
     use super::*;
     use crate::backend::{Capabilities, Grant, HolderInfo, KeyWatch, LockBackend, ReleaseFeed};
+    use crate::lease::LeaseId;
     use crate::{AcquireOptions, LockClient, MemoryBackend};
     use std::future::IntoFuture;
     use std::sync::atomic::{AtomicU64, Ordering};

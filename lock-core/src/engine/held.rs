@@ -11,11 +11,12 @@ use tokio::sync::Notify;
 use tracing::Instrument;
 
 use crate::backend::{lock_unpoisoned, with_timeout, DynBackend, LockBackendExt, ReleaseOutcome};
+use crate::engine::cleanup::{Cleanup, CleanupOf};
 use crate::engine::local::{Handoff, LocalTurn};
 use crate::engine::{outcome_name, ClientCore};
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::LockKey;
-use crate::lease::{FencingToken, Lease, LeaseId};
+use crate::lease::{FencingToken, Lease};
 use crate::options::AcquireOptions;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,13 +151,14 @@ impl HeldLock {
         if schedule.is_empty() {
             return;
         }
-        spawn_release(
-            self.backend().clone(),
-            self.key.clone(),
-            self.lease().id(),
-            self.options.request_timeout,
-            &schedule,
-        );
+        CleanupOf {
+            what: Cleanup::Release,
+            key: self.key.clone(),
+            lease_id: self.lease().id(),
+            timeout: self.options.request_timeout,
+            ttl: self.options.ttl,
+        }
+        .spawn(self.backend(), &schedule);
     }
 
     /// Renews the lease now (manual renewal, or a guard's explicit call).
@@ -272,7 +274,13 @@ impl HeldLock {
             .and_then(|held| if held { Ok(()) } else { Err(self.lost_error()) });
         span.record("outcome", outcome_name(&result));
         unfinished.0 = None;
-        self.spawn_release(None);
+        // Unanswered until the lease ran out: the store may still have it (and, on a
+        // session store, keep it for as long as the session lives), so the release goes
+        // on in the background.
+        let unanswered = result
+            .as_ref()
+            .is_err_and(|err| matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::TimedOut));
+        self.spawn_release(unanswered.then_some(Duration::ZERO));
         self.core.renewals.finished(self.id);
         result
     }
@@ -321,37 +329,4 @@ async fn release_with_retry(
             Err(err) => return Err(err),
         }
     }
-}
-
-/// Releases a lease id in the background, once after each pause of `schedule` (each
-/// measured from the previous release), for a guard dropped without `release`, a lost
-/// lease, or an acquisition abandoned mid-flight. Without a runtime the store's TTL ends
-/// the hold.
-///
-/// A later release covers a request that reaches the store after the earlier one (a store
-/// applies what was sent even when nobody waits for the reply); releasing a lease id
-/// nobody else uses is always harmless.
-pub(crate) fn spawn_release(
-    backend: DynBackend,
-    key: LockKey,
-    lease_id: LeaseId,
-    timeout: Duration,
-    schedule: &[Duration],
-) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        tracing::debug!(%key, "no runtime to release on; the lease will expire by its TTL");
-        return;
-    };
-    let schedule = schedule.to_vec();
-    runtime.spawn(async move {
-        for pause in schedule {
-            tokio::time::sleep(pause).await;
-            let released =
-                crate::backend::with_timeout(timeout, "release", backend.release(&key, lease_id))
-                    .await;
-            if let Err(err) = released {
-                tracing::debug!(error = %err, %key, "background release failed; the lease will expire by its TTL");
-            }
-        }
-    });
 }

@@ -15,7 +15,7 @@ use std::sync::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::backend::{held_by_another, lock_unpoisoned, DynBackend};
-use crate::engine::held::spawn_release;
+use crate::engine::cleanup::{Cleanup, CleanupOf};
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::LockKey;
 use crate::lease::Lease;
@@ -50,13 +50,14 @@ pub(crate) struct Handoff {
 impl Handoff {
     /// Gives the lease back to the store in the background (nobody took it over).
     pub(crate) fn release(self) {
-        spawn_release(
-            self.backend,
-            self.lease.key().clone(),
-            self.lease.id(),
-            self.request_timeout,
-            &[Duration::ZERO],
-        );
+        CleanupOf {
+            what: Cleanup::Release,
+            key: self.lease.key().clone(),
+            lease_id: self.lease.id(),
+            timeout: self.request_timeout,
+            ttl: self.lease.ttl(),
+        }
+        .spawn(&self.backend, &[Duration::ZERO]);
     }
 }
 

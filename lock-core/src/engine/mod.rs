@@ -5,6 +5,7 @@
 use crate::backend::DynBackend;
 
 pub(crate) mod acquire;
+pub(crate) mod cleanup;
 pub(crate) mod held;
 pub(crate) mod local;
 pub(crate) mod poll;

@@ -11,11 +11,12 @@
 
 use std::time::{Duration, Instant};
 
-use crate::backend::{AcquireRequest, DynBackend, LockBackendExt, QueuedAttempt};
+use crate::backend::{with_timeout, AcquireRequest, DynBackend, LockBackendExt, QueuedAttempt};
+use crate::engine::cleanup::{Cleanup, CleanupOf};
 use crate::engine::poll::Wakes;
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::LockKey;
-use crate::lease::{Lease, LeaseId};
+use crate::lease::Lease;
 use crate::options::WaitSpec;
 
 pub(crate) async fn acquire_in_queue(
@@ -25,8 +26,13 @@ pub(crate) async fn acquire_in_queue(
 ) -> Result<Lease> {
     let mut place = QueuePlace {
         backend: backend.clone(),
-        entry: Some((request.key().clone(), request.lease_id())),
-        timeout: wait.request_timeout,
+        leave: Some(CleanupOf {
+            what: Cleanup::LeaveQueue,
+            key: request.key().clone(),
+            lease_id: request.lease_id(),
+            timeout: wait.request_timeout,
+            ttl: request.ttl(),
+        }),
     };
     // The fallback poll keeps a live waiter's entry from expiring like a dead one's.
     let spec = WaitSpec {
@@ -64,7 +70,7 @@ pub(crate) async fn acquire_in_queue(
     )
     .await;
     match &result {
-        Ok(_) => place.entry = None,
+        Ok(_) => place.leave = None,
         // Left before the caller hears of the failure, so the queue it sees is clean.
         Err(_) => place.leave().await,
     }
@@ -104,7 +110,7 @@ async fn enqueue_within(
 
 async fn enqueue(backend: &DynBackend, request: &AcquireRequest, timeout: Duration) -> Result<()> {
     let sent = Instant::now();
-    let result = crate::backend::with_timeout(timeout, "enqueue", backend.enqueue(request)).await;
+    let result = with_timeout(timeout, "enqueue", backend.enqueue(request)).await;
     if let Err(err) = &result {
         if err.kind() == ErrorKind::Unavailable {
             request.note_unanswered();
@@ -122,43 +128,35 @@ fn waiting(key: &LockKey) -> Error {
 }
 
 /// Leaves the queue however the wait ends without a grant, in the background so that a
-/// cancelled waiter still leaves.
+/// cancelled waiter still leaves, and again and again until the store answers.
 struct QueuePlace {
     backend: DynBackend,
-    entry: Option<(LockKey, LeaseId)>,
-    timeout: Duration,
+    leave: Option<CleanupOf>,
 }
 
 impl QueuePlace {
     async fn leave(&mut self) {
-        if let Some((key, lease_id)) = self.entry.take() {
-            leave_queue(&self.backend, &key, lease_id, self.timeout).await;
+        let Some(leave) = self.leave.take() else {
+            return;
+        };
+        let left = with_timeout(
+            leave.timeout,
+            "leave_queue",
+            self.backend.leave_queue(&leave.key, leave.lease_id),
+        )
+        .await;
+        if let Err(err) = left {
+            tracing::debug!(error = %err, key = %leave.key, "leaving the queue failed; retrying in the background");
+            leave.spawn(&self.backend, &[Duration::ZERO]);
         }
     }
 }
 
 impl Drop for QueuePlace {
     fn drop(&mut self) {
-        let Some((key, lease_id)) = self.entry.take() else {
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        // The task owns plain data, never another `QueuePlace`: a runtime that is shutting
-        // down drops a new task unpolled, and a place in it would spawn again from its own
-        // drop, without end.
-        let (backend, timeout) = (self.backend.clone(), self.timeout);
-        runtime.spawn(async move { leave_queue(&backend, &key, lease_id, timeout).await });
-    }
-}
-
-async fn leave_queue(backend: &DynBackend, key: &LockKey, lease_id: LeaseId, timeout: Duration) {
-    let left =
-        crate::backend::with_timeout(timeout, "leave_queue", backend.leave_queue(key, lease_id))
-            .await;
-    if let Err(err) = left {
-        tracing::debug!(error = %err, %key, "leaving the queue failed; the entry expires with its waiter");
+        if let Some(leave) = self.leave.take() {
+            leave.spawn(&self.backend, &[Duration::ZERO]);
+        }
     }
 }
 

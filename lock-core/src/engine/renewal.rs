@@ -468,9 +468,10 @@ impl Engine {
             };
             tracked.renewing = true;
             let lease = held.lease();
-            timeout = timeout
-                .min(held.options.request_timeout)
-                .min(lease.remaining());
+            // Bounded by the request time-out only: one short or nearly expired lease must
+            // not cut the call short for the whole batch. A reply that comes after a
+            // lease's own deadline is not credited to it (see `renewed`).
+            timeout = timeout.min(held.options.request_timeout);
             leases.push((*id, lease, held.options.ttl));
         }
         for id in ids {
@@ -532,6 +533,11 @@ impl Engine {
             let span = tracing::info_span!("distlock.renew", backend = self.backend.name(), key = %lease.key(), outcome = tracing::field::Empty);
             let _entered = span.enter();
             match result {
+                // Answered after the lease's local deadline: too late to count, whatever
+                // the store did; the deadline check below marks it lost.
+                Ok(true) if !held.lease().is_valid() => {
+                    span.record("outcome", "late");
+                }
                 Ok(true) => {
                     span.record("outcome", "ok");
                     tracked.attempt = 0;
@@ -600,6 +606,8 @@ mod tests {
         capabilities: Capabilities,
         batches: AtomicU64,
         session: Option<SessionKeeper>,
+        /// How long each `renew_many` takes, as on a slow or distant store.
+        renew_delay: Duration,
     }
 
     impl Steered {
@@ -613,6 +621,7 @@ mod tests {
                 batches: AtomicU64::new(0),
                 session: (liveness == Liveness::Session)
                     .then(|| SessionKeeper::new(Instant::now(), Duration::from_secs(60))),
+                renew_delay: Duration::ZERO,
             }
         }
     }
@@ -639,6 +648,7 @@ mod tests {
         }
         async fn renew_many(&self, leases: &[LeaseRenewal]) -> Vec<Result<bool>> {
             self.batches.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(self.renew_delay).await;
             self.store.renew_many(leases).await
         }
         async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
@@ -646,6 +656,56 @@ mod tests {
         }
         async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
             self.store.inspect(key).await
+        }
+    }
+
+    /// Short leases that a slow store cannot renew in time do not take the long leases
+    /// renewed in the same batch down with them: a batch is bounded by the request
+    /// time-out, not by the shortest lease in it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_short_lease_does_not_cut_a_batch_of_long_ones_short() {
+        let backend = Arc::new(Steered {
+            renew_delay: Duration::from_millis(80),
+            ..Steered::new(Liveness::Batched)
+        });
+        let client = LockClient::from_dyn(backend.clone());
+        let mut long = Vec::new();
+        for i in 0..100 {
+            long.push(
+                client
+                    .lock(format!("long{i}"))
+                    .ttl(Duration::from_millis(1500))
+                    .await
+                    .unwrap(),
+            );
+        }
+        // Two long TTLs of short leases coming and going, sixty-four at a time, so that some
+        // short lease, due with ~65 ms left, is in nearly every batch.
+        let churn = Instant::now();
+        let mut churning = Vec::new();
+        for task in 0..64 {
+            let client = client.clone();
+            churning.push(tokio::spawn(async move {
+                while churn.elapsed() < Duration::from_secs(4) {
+                    let short = client
+                        .lock(format!("short{task}"))
+                        .ttl(Duration::from_millis(100))
+                        .await
+                        .unwrap();
+                    short.lost().await;
+                }
+            }));
+        }
+        for task in churning {
+            task.await.unwrap();
+        }
+        let lost = long.iter().filter(|guard| !guard.is_held()).count();
+        assert_eq!(
+            lost, 0,
+            "{lost} of 100 long leases were lost to short-lease churn"
+        );
+        for guard in long {
+            guard.release().await.unwrap();
         }
     }
 

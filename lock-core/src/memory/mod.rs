@@ -30,7 +30,9 @@ pub use sessions::MemoryLink;
 ///
 /// - [`MemoryBackend::fair`]: waiters are granted the key in arrival order through the
 ///   core's queue interface; a waiter that gives up leaves the queue at once, one that
-///   dies leaves it when its TTL runs out.
+///   dies leaves it when its TTL runs out (in session mode: when its session ends, as on
+///   etcd and ZooKeeper, so a waiter that gave up but could not leave stays in line for
+///   as long as its client's session lives).
 /// - [`with_sessions`](Self::with_sessions): leases live by store sessions
 ///   ([`Liveness::Session`]), one per distinct TTL per client (and one per lease renewed
 ///   by hand), kept alive by one keep-alive task each; [`link`](Self::link) can cut or slow
@@ -74,6 +76,9 @@ struct Entry {
 struct Waiter {
     lease_id: LeaseId,
     expires_at: Instant,
+    /// In session mode, the session an automatically renewed waiter's entry lives by, as
+    /// on etcd and ZooKeeper: its own polls do not keep it, the session's keep-alives do.
+    session: Option<u64>,
     wake: Arc<Notify>,
 }
 
@@ -262,11 +267,15 @@ impl State {
 
     /// Drops waiters whose entries expired (their waiter died), waking the new head.
     fn prune_queue(&mut self, key: &LockKey, now: Instant) {
+        let sessions = &self.sessions;
         let Some(queue) = self.queues.get_mut(key) else {
             return;
         };
         let head = queue.front().map(|w| w.lease_id);
-        queue.retain(|waiter| now < waiter.expires_at);
+        queue.retain(|waiter| match waiter.session {
+            Some(session) => sessions.get(&session).is_some_and(|end| now < *end),
+            None => now < waiter.expires_at,
+        });
         if queue.is_empty() {
             self.queues.remove(key);
         } else if queue.front().map(|w| w.lease_id) != head {
@@ -429,13 +438,37 @@ impl LockBackend for MemoryBackend {
             return Err(crate::backend::no_queue(self.name()));
         }
         let expires_at = self.expiry(request.ttl())?;
+        let session = match &self.sessions {
+            Some(sessions) if request.renewal() == crate::Renewal::Auto => Some(
+                sessions
+                    .session_for(
+                        &self.store,
+                        request,
+                        self.capabilities.store_ttl(request.ttl()),
+                    )?
+                    .store_id,
+            ),
+            _ => None,
+        };
         let mut state = lock(&self.store.state);
+        if let Some(session) = session {
+            if state
+                .sessions
+                .get(&session)
+                .is_none_or(|end| Instant::now() >= *end)
+            {
+                return Err(Error::unavailable(
+                    "the session ended before the enqueue; retrying under a new session",
+                ));
+            }
+        }
         let queue = state.queues.entry(request.key().clone()).or_default();
         match queue.iter_mut().find(|w| w.lease_id == request.lease_id()) {
             Some(waiter) => waiter.expires_at = expires_at,
             None => queue.push_back(Waiter {
                 lease_id: request.lease_id(),
                 expires_at,
+                session,
                 wake: Arc::new(Notify::new()),
             }),
         }
