@@ -108,8 +108,10 @@ impl LockClient {
         )
     }
 
-    /// An idempotent run of a piece of work for `key`: it runs once, however often it is
-    /// retried, and retries get its recorded result. See [`IdempotentRequest`].
+    /// An idempotent run of a piece of work for `key`: at most one result is recorded,
+    /// however often it is retried, and retries get the recorded result. The work itself
+    /// may run again after a crash or a lost lease mid-run, so fence what it writes with
+    /// the scope's token. See [`IdempotentRequest`].
     pub fn idempotent(&self, key: impl AsRef<str>) -> IdempotentRequest {
         IdempotentRequest::new(
             Arc::clone(&self.core),
