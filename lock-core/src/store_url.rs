@@ -39,6 +39,10 @@ pub struct StoreUrl {
     hosts: Vec<StoreHost>,
     path: String,
     query: Vec<(String, String)>,
+    /// Names of the query pairs that followed a secret parameter: an unencoded `&` in a
+    /// secret value splits it, and its tail then reads as further pairs, so they are
+    /// never shown.
+    after_secret: Vec<String>,
 }
 
 /// One `host[:port]` of a store URL.
@@ -108,7 +112,7 @@ impl StoreUrl {
             password,
             hosts,
             path,
-            query: parsed.query_pairs().into_owned().collect(),
+            ..Self::with_query(parsed.query_pairs().into_owned().collect())
         })
     }
 
@@ -128,8 +132,56 @@ impl StoreUrl {
             password: None,
             hosts: Vec::new(),
             path,
-            query,
+            ..Self::with_query(query)
         })
+    }
+
+    /// An otherwise empty URL with these query pairs, noting which follow a secret.
+    fn with_query(query: Vec<(String, String)>) -> Self {
+        let after_secret = query
+            .iter()
+            .skip_while(|(name, _)| !is_secret(name))
+            .skip(1)
+            .map(|(name, _)| name.clone())
+            .collect();
+        StoreUrl {
+            scheme: String::new(),
+            username: String::new(),
+            password: None,
+            hosts: Vec::new(),
+            path: String::new(),
+            query,
+            after_secret,
+        }
+    }
+
+    /// Whether a query pair may be shown: not a secret, and not after one (see
+    /// `after_secret`).
+    fn shows_param(&self, name: &str) -> bool {
+        !is_secret(name) && !self.after_secret.iter().any(|hidden| hidden == name)
+    }
+
+    /// The [`ErrorKind::InvalidInput`] error for an option the store does not know, in one
+    /// wording for every store; the name is not shown when it followed a secret parameter
+    /// (it may be the tail of a secret value with an unencoded `&`).
+    pub fn unknown_option(&self, name: &str) -> Error {
+        if self.shows_param(name) || is_secret(name) {
+            self.error(&format!("unknown option {name:?}"))
+        } else {
+            self.error(
+                "unknown option after a secret parameter (not shown: percent-encode '&' \
+                 in secret values as %26)",
+            )
+        }
+    }
+
+    /// Refuses whatever query parameters were not taken: call it once every known option
+    /// has been taken with [`take_param`](Self::take_param).
+    pub fn finish(&self) -> Result<()> {
+        match self.query.first() {
+            Some((name, _)) => Err(self.unknown_option(name)),
+            None => Ok(()),
+        }
     }
 
     /// The scheme, in lower case.
@@ -190,7 +242,7 @@ impl StoreUrl {
             return Ok(None);
         };
         value.parse().map(Some).map_err(|_| {
-            let shown = if is_secret(name) {
+            let shown = if !self.shows_param(name) {
                 "***"
             } else {
                 value.as_str()
@@ -233,12 +285,13 @@ impl StoreUrl {
             .query
             .iter()
             .map(|(k, v)| {
-                let v = if is_secret(k) {
-                    "***".to_string()
+                if is_secret(k) {
+                    format!("{}=***", encode(k))
+                } else if self.shows_param(k) {
+                    format!("{}={}", encode(k), encode(v))
                 } else {
-                    encode(v)
-                };
-                format!("{}={v}", encode(k))
+                    "***".to_string()
+                }
             })
             .collect();
         if !query.is_empty() {
@@ -268,6 +321,12 @@ impl fmt::Display for StoreUrl {
 /// Whatever lies between `://` and the last `@` of the input is treated as credentials,
 /// so a password with an unencoded `/`, `?`, `#` or `@` is hidden too.
 pub fn redact_url(url: &str) -> String {
+    // Nothing after a secret query parameter's name is shown: its value may hold any
+    // character, an unencoded '&' or '@' included.
+    let url = match secret_value_start(url) {
+        Some(at) => &url[..at],
+        None => url,
+    };
     let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
         // Not a URL: it may still be a mistyped one with a password in it.
         return match url.rfind('@') {
@@ -289,17 +348,37 @@ pub fn redact_url(url: &str) -> String {
     };
     let mut shown = format!("{head}{before_query}");
     if let Some(query) = query {
+        // The input was cut at the first secret value, so a secret is the last pair.
         let pairs: Vec<String> = query
             .split('&')
-            .map(|pair| match pair.split_once('=') {
-                Some((name, _)) if is_secret(name) => format!("{name}=***"),
-                _ => pair.to_string(),
+            .map(|pair| {
+                let name = pair.split_once('=').map_or(pair, |(name, _)| name);
+                if is_secret(name) {
+                    format!("{name}=***")
+                } else {
+                    pair.to_string()
+                }
             })
             .collect();
         shown.push('?');
         shown.push_str(&pairs.join("&"));
     }
     shown
+}
+
+/// Where the value of the first secret query parameter begins (at its `=`), if any.
+fn secret_value_start(url: &str) -> Option<usize> {
+    let query = url.find('?')? + 1;
+    let mut start = query;
+    for pair in url[query..].split('&') {
+        if let Some((name, _)) = pair.split_once('=') {
+            if is_secret(name) {
+                return Some(start + name.len());
+            }
+        }
+        start += pair.len() + 1;
+    }
+    None
 }
 
 fn is_secret(name: &str) -> bool {
@@ -457,10 +536,15 @@ mod tests {
             "postgres://u:***@h/db"
         );
         assert_eq!(
-            redact_url("postgres://u@h/db?password=hunter2&sslmode=x"),
-            "postgres://u:***@h/db?password=***&sslmode=x"
+            redact_url("postgres://u@h/db?sslmode=x&password=hunter2"),
+            "postgres://u:***@h/db?sslmode=x&password=***"
         );
         assert_eq!(redact_url("sqlite:///tmp/a.db"), "sqlite:///tmp/a.db");
+        // An unencoded '&' in a secret value: its tail is hidden too.
+        assert_eq!(
+            redact_url("postgres://u@h/db?password=abc&tail=xyz"),
+            "postgres://u:***@h/db?password=***"
+        );
         assert_eq!(redact_url("not a url"), "not a url");
         assert!(!redact_url("u:pw@h").contains("pw"));
     }
@@ -486,6 +570,7 @@ mod tests {
                 format!("redis://user:{password}@h:6379/0"),
                 format!("redis+redlock://user:{password}@h1:1,h2:2"),
                 format!("postgres://user@h/db?password={password}"),
+                format!("postgres://user@h/db?password={password}&sslmode=require"),
                 format!("mysql://user:{encoded}@h/db"),
                 format!("x://user:{password}@"),
             ] {
@@ -494,7 +579,12 @@ mod tests {
                         if input.contains(&encoded) && input.starts_with("mysql") {
                             assert_eq!(url.password(), Some(password.as_str()), "{input}");
                         }
-                        format!("{url:?} {url}")
+                        // How a backend refuses what it does not know.
+                        let mut rest = url.clone();
+                        rest.take_param("password");
+                        rest.take_param("sslmode");
+                        let refused = rest.finish().err().map(|e| e.to_string());
+                        format!("{url:?} {url} {refused:?}")
                     }
                     Err(err) => {
                         let mut text = format!("{err} {err:?}");
@@ -507,6 +597,13 @@ mod tests {
                     }
                 };
                 assert!(!shown.contains(&password), "{password:?} shown in {shown}");
+                // Nor the tail that an unencoded '&' splits off a secret value.
+                if let Some((_, tail)) = password.split_once('&') {
+                    if tail.len() >= 4 {
+                        assert!(!shown.contains(tail), "tail {tail:?} shown in {shown}");
+                        assert!(!redact_url(&input).contains(tail), "{input}");
+                    }
+                }
                 assert!(!redact_url(&input).contains(&password), "{input}");
             }
         }

@@ -101,9 +101,7 @@ impl EtcdConfig {
             username: Some(url.username().to_string()).filter(|u| !u.is_empty()),
             password: url.password().map(str::to_string),
         };
-        if let Some((name, _)) = url.query().first() {
-            return Err(url.error(&format!("unknown option {name:?}")));
-        }
+        url.finish()?;
         config.validate()?;
         Ok(config)
     }

@@ -170,9 +170,7 @@ impl RedisConfig {
             db: i64::from(db),
             subscriber_url: None,
         };
-        if let Some((name, _)) = url.query().first() {
-            return Err(url.error(&format!("unknown option {name:?}")));
-        }
+        url.finish()?;
         config.validate()?;
         Ok(config)
     }

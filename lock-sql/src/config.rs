@@ -233,9 +233,7 @@ impl SqlConfig {
                         _ => return Err(parsed.error("synchronous must be normal or full")),
                     };
                 }
-                if let Some((name, _)) = parsed.query().first() {
-                    return Err(parsed.error(&format!("unknown query parameter {name:?}")));
-                }
+                parsed.finish()?;
                 let path = parsed.path();
                 if path.is_empty() || path.starts_with(':') {
                     return Err(parsed.error(
@@ -255,7 +253,7 @@ impl SqlConfig {
                     let known = dialect.passed_on().contains(&name.as_str())
                         || (dialect == Dialect::Postgres && name.starts_with("options["));
                     if !known {
-                        return Err(parsed.error(&format!("unknown query parameter {name:?}")));
+                        return Err(parsed.unknown_option(name));
                     }
                 }
                 if parsed.hosts().len() != 1 {

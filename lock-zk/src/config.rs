@@ -112,9 +112,7 @@ impl ZkConfig {
             chroot,
             credentials,
         };
-        if let Some((name, _)) = url.query().first() {
-            return Err(url.error(&format!("unknown option {name:?}")));
-        }
+        url.finish()?;
         config.validate()?;
         Ok(config)
     }
