@@ -84,6 +84,9 @@ pub async fn connect(url: &str) -> Result<LockClient> {
     if scheme == "memory" {
         return Ok(LockClient::new(named_memory_store(rest)));
     }
+    if !supported_schemes().contains(&scheme.as_str()) {
+        return Err(no_backend(&scheme, url));
+    }
     #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
     if lock_sql::SCHEMES.contains(&scheme.as_str()) {
         return Ok(LockClient::from_dyn(lock_sql::connect(url).await?));
@@ -100,59 +103,52 @@ pub async fn connect(url: &str) -> Result<LockClient> {
     if lock_zk::SCHEMES.contains(&scheme.as_str()) {
         return Ok(LockClient::from_dyn(lock_zk::connect(url).await?));
     }
-    Err(Error::new(
-        ErrorKind::InvalidInput,
-        format!(
-            "no backend for scheme {scheme:?} in {:?}; this build supports: {}",
-            redact_url(url),
-            supported_schemes().join(", ")
-        ),
-    ))
+    Err(no_backend(&scheme, url))
 }
+
+/// Every scheme distlock knows, the cargo feature of this crate that brings its backend,
+/// and whether this build has it.
+const SCHEMES: &[(&str, &str, bool)] = &[
+    ("memory", "(always)", true),
+    ("sqlite", "sqlite", cfg!(feature = "sqlite")),
+    ("postgres", "postgres", cfg!(feature = "postgres")),
+    ("postgresql", "postgres", cfg!(feature = "postgres")),
+    ("mysql", "mysql", cfg!(feature = "mysql")),
+    ("mariadb", "mysql", cfg!(feature = "mysql")),
+    ("redis", "redis", cfg!(feature = "redis")),
+    ("redis+redlock", "redis", cfg!(feature = "redis")),
+    ("rediss", "redis-tls", cfg!(feature = "redis-tls")),
+    ("rediss+redlock", "redis-tls", cfg!(feature = "redis-tls")),
+    ("etcd", "etcd", cfg!(feature = "etcd")),
+    ("zk", "zookeeper", cfg!(feature = "zookeeper")),
+];
 
 /// The URL schemes this build of distlock can connect to.
 pub fn supported_schemes() -> Vec<&'static str> {
-    let sql: &[&str] = {
-        #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-        {
-            lock_sql::SCHEMES
-        }
-        #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
-        {
-            &[]
-        }
+    SCHEMES
+        .iter()
+        .filter(|(_, _, built)| *built)
+        .map(|(scheme, _, _)| *scheme)
+        .collect()
+}
+
+/// Why this build cannot connect to `scheme`: the feature it lacks, or an unknown scheme.
+fn no_backend(scheme: &str, url: &str) -> Error {
+    let why = match SCHEMES.iter().find(|(known, _, _)| *known == scheme) {
+        Some((_, feature, _)) => format!(
+            "scheme {scheme:?} needs distlock's `{feature}` cargo feature, which this build \
+             lacks (or, for the CLI, `cargo install distlock-cli --features {feature}`)"
+        ),
+        None => format!("unknown scheme {scheme:?}"),
     };
-    let redis: &[&str] = {
-        #[cfg(feature = "redis")]
-        {
-            lock_redis::SCHEMES
-        }
-        #[cfg(not(feature = "redis"))]
-        {
-            &[]
-        }
-    };
-    let etcd: &[&str] = {
-        #[cfg(feature = "etcd")]
-        {
-            lock_etcd::SCHEMES
-        }
-        #[cfg(not(feature = "etcd"))]
-        {
-            &[]
-        }
-    };
-    let zookeeper: &[&str] = {
-        #[cfg(feature = "zookeeper")]
-        {
-            lock_zk::SCHEMES
-        }
-        #[cfg(not(feature = "zookeeper"))]
-        {
-            &[]
-        }
-    };
-    [&["memory"], sql, redis, etcd, zookeeper].concat()
+    Error::new(
+        ErrorKind::InvalidInput,
+        format!(
+            "{why} in {:?}; this build supports: {}",
+            redact_url(url),
+            supported_schemes().join(", ")
+        ),
+    )
 }
 
 fn named_memory_store(name: &str) -> MemoryBackend {
@@ -170,6 +166,48 @@ fn named_memory_store(name: &str) -> MemoryBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The facade's table knows every scheme of every backend compiled in.
+    #[test]
+    fn every_backend_scheme_is_in_the_table() {
+        let mut schemes: Vec<&str> = Vec::new();
+        #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+        schemes.extend(lock_sql::SCHEMES);
+        #[cfg(feature = "redis")]
+        schemes.extend(lock_redis::SCHEMES);
+        #[cfg(feature = "etcd")]
+        schemes.extend(lock_etcd::SCHEMES);
+        #[cfg(feature = "zookeeper")]
+        schemes.extend(lock_zk::SCHEMES);
+        for scheme in schemes {
+            assert!(
+                SCHEMES.iter().any(|(known, _, _)| *known == scheme),
+                "{scheme} is missing from the facade's table"
+            );
+        }
+    }
+
+    /// A scheme whose backend this build lacks is refused naming the facade's feature,
+    /// and only what is built in is listed as supported.
+    #[tokio::test]
+    async fn a_missing_backend_names_the_feature_to_turn_on() {
+        for (scheme, feature, built) in SCHEMES {
+            assert_eq!(supported_schemes().contains(scheme), *built, "{scheme}");
+            if *built {
+                continue;
+            }
+            let err = connect(&format!("{scheme}://u:hunter2@127.0.0.1:1/x"))
+                .await
+                .unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidInput);
+            let text = err.to_string();
+            assert!(text.contains(&format!("`{feature}`")), "{text}");
+            assert!(
+                !text.contains("lock-sql") && !text.contains("hunter2"),
+                "{text}"
+            );
+        }
+    }
 
     #[tokio::test]
     async fn named_memory_stores_are_shared() {

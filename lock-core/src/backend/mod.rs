@@ -443,11 +443,10 @@ fn answered<T>(request: &AcquireRequest, result: Result<T>) -> Result<T> {
     result
 }
 
+/// The kind already says "held by another": the message only names the key, so the line
+/// reads `held by another: "k"`.
 pub(crate) fn held_by_another(key: &LockKey) -> Error {
-    Error::new(
-        ErrorKind::HeldByAnother,
-        format!("{:?} is held by another lease", key.as_str()),
-    )
+    Error::new(ErrorKind::HeldByAnother, format!("{:?}", key.as_str()))
 }
 
 macro_rules! forward_backend {
