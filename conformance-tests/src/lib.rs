@@ -19,6 +19,7 @@
 //! sits between a client and a real store to simulate partitions. [`store_process`]
 //! starts private store servers on free loopback ports and can pause, kill and restart them.
 
+pub mod capability_table;
 pub mod faults;
 pub mod harness;
 mod memory;

@@ -63,6 +63,7 @@ where
                 return ExitCode::FAILURE;
             }
         };
+        trials.push(readme_row_trial(&runtime, factory, &offers));
         for scenario in ALL {
             let slot = (backend.clone(), scenario.name);
             if let Some(reason) = scenario.not_applicable(&offers) {
@@ -101,6 +102,31 @@ where
     let conclusion = libtest_mimic::run(&args, trials);
     print_summary(&lock(&report));
     conclusion.exit_code()
+}
+
+/// `capabilities::readme_row`: the README's capability table has this backend's row as
+/// its declared capabilities (and a holder-label probe) generate it.
+fn readme_row_trial(
+    runtime: &Arc<tokio::runtime::Runtime>,
+    factory: &Arc<dyn BackendFactory>,
+    offers: &Offers,
+) -> Trial {
+    let (runtime, factory, caps) = (
+        runtime.clone(),
+        factory.clone(),
+        offers.capabilities.clone(),
+    );
+    let backend = factory.name();
+    Trial::test("capabilities::readme_row", move || {
+        let name = factory.name();
+        let ctx = Ctx::new(factory, caps);
+        runtime.block_on(async {
+            let checked = crate::capability_table::check_readme_row(&ctx, &name).await;
+            ctx.cleanup().await;
+            checked.map_err(|failure| Failed::from(failure.0))
+        })
+    })
+    .with_kind(backend)
 }
 
 fn print_summary(report: &BTreeMap<(String, &'static str), Status>) {

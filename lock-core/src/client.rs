@@ -63,6 +63,13 @@ impl LockClient {
         &self.defaults
     }
 
+    /// What the store behind this client promises and where its limits are (fairness,
+    /// notification, durable tokens, TTL range, records, sessions): the properties that
+    /// differ between stores, for code that relies on one of them.
+    pub fn capabilities(&self) -> &crate::Capabilities {
+        self.core.backend.capabilities()
+    }
+
     /// The backend underneath.
     pub fn backend(&self) -> &DynBackend {
         &self.core.backend
