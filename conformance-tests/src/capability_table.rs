@@ -56,7 +56,7 @@ fn human(duration: Duration) -> String {
         (60_000, "min"),
         (1000, "s"),
     ] {
-        if ms >= unit_ms && ms % unit_ms == 0 {
+        if ms >= unit_ms && ms.is_multiple_of(unit_ms) {
             let n = ms / unit_ms;
             return match unit {
                 "day" if n > 1 => format!("{n} days"),
