@@ -53,8 +53,10 @@ struct Attempt {
 }
 
 impl EtcdBackend {
-    /// Connects to the cluster `config` names and checks, within the request time-out,
-    /// that it answers and accepts the credentials.
+    /// Connects to the cluster `config` names and checks that it is etcd, that it answers
+    /// and that it accepts the credentials. Each step of connecting (reaching a member,
+    /// the HTTP/2 handshake, authentication, the member's status) is bounded by the
+    /// connect time-out; the first read of the lock namespace by the request time-out.
     pub async fn connect(config: &EtcdConfig) -> Result<Self> {
         let mut options = ConnectOptions::new()
             .with_connect_timeout(config.connect_timeout)
@@ -67,10 +69,29 @@ impl EtcdBackend {
             options = options.with_user(user, password);
         }
         let bound = config.request_timeout;
-        let client = timeout(bound, Client::connect(config.endpoints(), Some(options)))
-            .await
-            .map_err(|_| timed_out("connecting"))?
-            .map_err(|err| map("connecting", err))?;
+        // The client's own connect time-out covers only the TCP connection: a listener
+        // that accepts and never answers would hold the HTTP/2 handshake (and the
+        // authentication request made while connecting) for ever.
+        let step = config.connect_timeout;
+        let client = match timeout(step, Client::connect(config.endpoints(), Some(options))).await {
+            Err(_) => return Err(no_answer(config, "connecting")),
+            Ok(Err(err)) => return Err(connect_failed(config, "connecting", err).await),
+            Ok(Ok(client)) => client,
+        };
+        // A member answers its status itself, without raft: the first answer over the new
+        // connection, which shows it is etcd and names its version.
+        match timeout(step, client.maintenance_client().status()).await {
+            Err(_) => return Err(no_answer(config, "reading the server status")),
+            Ok(Ok(status)) => crate::server::warn_if_unsafe(status.version()),
+            // Some servers let only administrators read their status: the version check
+            // is skipped, the namespace read below still checks the credentials.
+            Ok(Err(err)) if crate::error::kind_of(&err) == ErrorKind::PermissionDenied => {
+                tracing::debug!("etcd: the server status is not readable with these credentials");
+            }
+            Ok(Err(err)) => {
+                return Err(connect_failed(config, "reading the server status", err).await)
+            }
+        }
         let keys = KeySpace::new(&config.prefix, config.layout);
         let probe = GetOptions::new().with_limit(1).with_keys_only();
         timeout(bound, client.kv_client().get(keys.root(), Some(probe)))
@@ -246,6 +267,38 @@ impl EtcdBackend {
             .and_then([TxnOp::delete(entry, None)]);
         let done = self.call("releasing", self.kv().txn(txn)).await?;
         Ok(done.succeeded())
+    }
+}
+
+/// No answer within the connect time-out while `what`.
+fn no_answer(config: &EtcdConfig, what: &str) -> Error {
+    Error::new(
+        ErrorKind::Unavailable,
+        format!(
+            "etcd: {what}: no answer from {} within the connect time-out ({:?})",
+            config.endpoints().join(","),
+            config.connect_timeout
+        ),
+    )
+}
+
+/// The error for a connect step that failed with `err`: a server that is not etcd is
+/// named as such rather than reported as an unexplained transport failure.
+async fn connect_failed(config: &EtcdConfig, what: &str, err: etcd_client::Error) -> Error {
+    if let etcd_client::Error::GRpcStatus(status) = &err {
+        if status.code() == tonic::Code::Unimplemented {
+            return crate::server::not_etcd_api(config.endpoints(), err);
+        }
+    }
+    if matches!(
+        crate::error::kind_of(&err),
+        ErrorKind::PermissionDenied | ErrorKind::InvalidInput
+    ) {
+        return map(what, err);
+    }
+    match crate::server::not_etcd(config.endpoints(), config.connect_timeout).await {
+        Some(not_etcd) => not_etcd.with_source(err),
+        None => map(what, err),
     }
 }
 
