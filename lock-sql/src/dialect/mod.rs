@@ -20,7 +20,7 @@ use sqlx::{AssertSqlSafe, ColumnIndex, Database, Decode, Encode, Executor, IntoA
 use sqlx::{Pool, Row, SqlSafeStr, SqlStr, Type};
 
 use crate::config::{Dialect, SqlConfig};
-use crate::error::map;
+use crate::error::{lock_wait_timed_out, map};
 
 /// How long after the statement time-out a statement's answer may still arrive before its
 /// connection is given up: the server's own cancellation needs a round trip to report.
@@ -286,8 +286,22 @@ where
             .bind(key.as_str().to_owned())
             .bind(lease.clone())
             .bind(ttl_ms);
+        let dialect = self.dialect;
         let row = self
-            .on_connection("acquire", move |conn| Box::pin(query.fetch_optional(conn)))
+            .on_connection("acquire", move |conn| {
+                Box::pin(async move {
+                    match query.fetch_optional(conn).await {
+                        // Another transaction is writing the key's row (or drawing a token)
+                        // and did not finish within the statement's short lock wait: the
+                        // key is contended, and nothing was written.
+                        Err(err) if lock_wait_timed_out(dialect, &err) => {
+                            tracing::debug!(%err, "acquire gave up waiting for a row lock");
+                            Ok(None)
+                        }
+                        answer => answer,
+                    }
+                })
+            })
             .await?;
         let Some(row) = row else {
             return Ok(None);
