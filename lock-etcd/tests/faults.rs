@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use conformance_tests::proxy::{ProxyMode, TcpFaultProxy};
 use conformance_tests::{everything_shown, SLACK};
-use lock_core::{ErrorKind, LockClient, LockKey};
+use lock_core::backend::{AcquireRequest, Record};
+use lock_core::{ErrorKind, LeaseId, LockClient, LockKey};
 use support::{closed_addr, connect, etcd_url, etcdctl, start_etcd};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -371,4 +372,72 @@ async fn another_kind_of_server_is_not_taken_for_etcd() {
             );
         }
     }
+}
+
+/// A record write retried (the idempotent layer retries one whose reply was lost) reuses
+/// the record's etcd lease, so no lease per retry waits out the retention with nothing on
+/// it; the record lives by one lease of the retention's length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_record_writes_leave_one_lease() {
+    let server = start_etcd().await;
+    let backend = connect(&etcd_url(&[server.addr()], "")).await;
+    let mut raw = etcd_client::Client::connect([server.addr().to_string()], None)
+        .await
+        .unwrap();
+    let key = LockKey::new("records").unwrap();
+    let lease = LeaseId::random();
+    let request = AcquireRequest::new(key.clone(), TTL * 5, Duration::ZERO).with_lease_id(lease);
+    let token = backend
+        .try_acquire(&request)
+        .await
+        .unwrap()
+        .unwrap()
+        .token();
+    let record = Record {
+        value: b"done".to_vec(),
+        fingerprint: None,
+        token,
+    };
+    let retention = Duration::from_secs(3600);
+    let before = raw.leases().await.unwrap().leases().len();
+    for _ in 0..3 {
+        assert!(backend
+            .write_record(&key, lease, &record, retention)
+            .await
+            .unwrap());
+    }
+    let leases: Vec<i64> = raw
+        .leases()
+        .await
+        .unwrap()
+        .leases()
+        .iter()
+        .map(|l| l.id())
+        .collect();
+    assert_eq!(
+        leases.len(),
+        before + 1,
+        "three writes of one record left {} new leases",
+        leases.len() - before
+    );
+    let mut record_leases = Vec::new();
+    for id in leases {
+        let found = raw
+            .lease_client()
+            .time_to_live(
+                id,
+                Some(etcd_client::LeaseTimeToLiveOptions::new().with_keys()),
+            )
+            .await
+            .unwrap();
+        if found.granted_ttl() == 3600 {
+            record_leases.push(found.keys().len());
+        }
+    }
+    assert_eq!(record_leases, [1], "the record's lease and what it holds");
+    assert_eq!(
+        backend.read_record(&key).await.unwrap(),
+        Some(record.clone())
+    );
+    backend.release(&key, lease).await.unwrap();
 }
