@@ -166,19 +166,14 @@ impl Group {
 
     /// Gives the terminal to the command's group if distlock's group is in the terminal's
     /// foreground (as after `fg`; not after `bg`, where it belongs to the shell) and the
-    /// command still runs. Whether the command's group has the terminal now.
+    /// command still runs. Whether it was handed over now.
     pub fn hand_terminal(&self) -> bool {
         let Some(fd) = self.terminal else {
             return false;
         };
-        if self.reaped {
-            return false;
-        }
-        let foreground = sys::foreground_group(fd);
-        if foreground == Some(sys::own_group()) {
-            return sys::set_foreground_group(fd, self.id).is_ok();
-        }
-        foreground == Some(self.id)
+        !self.reaped
+            && sys::foreground_group(fd) == Some(sys::own_group())
+            && sys::set_foreground_group(fd, self.id).is_ok()
     }
 }
 

@@ -156,11 +156,14 @@ async fn supervise(
                             watch.stop_leftovers();
                         }
                     }
-                    // Stopped by the terminal: Ctrl-Z, or a read (write, with `tostop`)
-                    // from the background.
-                    Event::Stopped(libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU) => {
-                        // distlock was brought to the foreground (`fg` of a job started
-                        // with `&`): the command's turn at the terminal.
+                    // Ctrl-Z on the terminal the command has.
+                    Event::Stopped(libc::SIGTSTP) => watch.suspend(),
+                    // The command read the terminal (or wrote, with `tostop`) from the
+                    // background.
+                    Event::Stopped(libc::SIGTTIN | libc::SIGTTOU) => {
+                        // distlock itself is in the foreground now (`fg` of a job started
+                        // with `&`): the command's turn at the terminal. Otherwise the
+                        // whole job waits for `fg`, as a shell's background job does.
                         if watch.group.hand_terminal() {
                             let _ = watch.group.signal(libc::SIGCONT);
                         } else {
