@@ -522,6 +522,47 @@ fn kill_group_on_exit_stops_what_the_command_left_behind() {
         .expect_code(0);
 }
 
+/// On a session store a waiter's queue entry lives as long as the waiting client's
+/// session, which outlives the process: a Ctrl-C during the wait must have the entry taken
+/// out before distlock exits. The library does that in the background, and distlock used
+/// to exit without waiting for it, leaving the key blocked after its holder let go.
+#[cfg(feature = "etcd")]
+#[test]
+fn ctrl_c_while_queued_on_a_session_store_leaves_no_entry_behind() {
+    use conformance_tests::store_process::{StoreProcess, StoreSpec};
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    let etcd = runtime
+        .block_on(StoreProcess::start(StoreSpec::etcd().expect("etcd")))
+        .expect("etcd starts");
+    let store = Store {
+        dir: tempfile::tempdir().expect("a temp dir"),
+        url: format!("etcd://{}/distlock-cli-test", etcd.addr()),
+    };
+    let (first, _) = holder(&store, "job", &[]);
+    let waiting = Running::spawn(store.distlock(&["run", "job", "--", "true"]));
+    // In the queue: the store counts it.
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        let status = store.output(&["status", "--json", "job"]);
+        if status.stdout.contains("\"waiters\":1") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no waiter seen: {}",
+            status.stdout
+        );
+        // Polling the store: nothing tells another process that a waiter queued.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    waiting.signal("INT");
+    assert_eq!(waiting.exit(PATIENCE).code(), Some(128 + 2));
+    let_go(first);
+    store
+        .output(&["run", "-w", "5s", "job", "--", "true"])
+        .expect_code(0);
+}
+
 #[test]
 fn help_documents_every_subcommand_and_the_exit_codes() {
     let help = |args: &[&str]| {
