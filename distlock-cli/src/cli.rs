@@ -51,10 +51,16 @@ pub enum Command {
     #[command(after_help = format!(
         "The command gets DISTLOCK_KEY, DISTLOCK_TOKEN (the fencing token: pass it to what \
          the lock protects) and DISTLOCK_LEASE_ID in its environment, and runs in its own \
-         process group. SIGINT, SIGTERM and SIGHUP sent to distlock are forwarded to that \
-         group. If the lock is lost while the command runs (the store expired it, e.g. \
-         because renewals could not reach the store), the group gets SIGTERM and, \
-         --kill-after later, SIGKILL; distlock then exits 75.\n\n\
+         process group, which gets the terminal while distlock has it (Ctrl-C, Ctrl-Z and \
+         Ctrl-\\ reach the command; it can read the terminal). SIGINT, SIGTERM, SIGHUP and \
+         SIGQUIT sent to distlock are forwarded to that group; SIGTSTP (Ctrl-Z) stops the \
+         group, then distlock, and a command stopped by the terminal stops distlock too, \
+         like a shell job. The lock is released once the whole group has exited (background \
+         jobs of the command included; see --kill-group-on-exit); a process that leaves the \
+         group (setsid, daemons) is not waited for. If the lock is lost while the command \
+         runs (the store expired it, e.g. because renewals could not reach the store, or \
+         distlock stayed suspended past the TTL), the group gets SIGTERM and, --kill-after \
+         later, SIGKILL; distlock then exits 75.\n\n\
          Examples:\n  distlock run nightly-report -- ./report.sh --full\n  \
          distlock run -n -E 0 backup -c 'pg_dump app > /backups/app.sql'\n  \
          distlock -s postgres://app@db/app run -w 2m deploy -- make deploy\n\n{EXIT_CODES}"
@@ -124,6 +130,12 @@ pub struct RunArgs {
     /// Grace period between SIGTERM and SIGKILL after a lost lock.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10s")]
     pub kill_after: Duration,
+
+    /// When the command exits, stop what is left of its process group (background
+    /// jobs it started): SIGTERM, SIGKILL after --kill-after. By default distlock waits
+    /// for them, holding the lock, and releases it once the whole group has exited.
+    #[arg(long)]
+    pub kill_group_on_exit: bool,
 
     /// Holder label shown by `distlock status` (default: "distlock run, pid N on HOST").
     #[arg(long, value_name = "TEXT")]

@@ -24,6 +24,7 @@ mod store;
 
 use std::io::Write as _;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser as _;
 
@@ -47,12 +48,41 @@ fn main() -> ExitCode {
             ))
         }
     };
-    let outcome = runtime.block_on(dispatch(cli));
-    // Nothing is left to wait for: every lock was released (or its release awaited) above.
+    let outcome = runtime.block_on(async {
+        let outcome = dispatch(cli).await;
+        let _ = tokio::time::timeout(CLEANUP_GRACE, background_work_done()).await;
+        outcome
+    });
+    // What is still running after the grace is cut off; the store's TTL ends any hold it
+    // would have released.
     runtime.shutdown_background();
     match outcome {
         Ok(code) => ExitCode::from(code),
         Err(failure) => report(failure),
+    }
+}
+
+/// How long distlock waits at exit for the library's background work: a release spawned
+/// for an acquisition dropped by Ctrl-C while waiting (which may have been granted at that
+/// moment), or for a lease found lost. Cut off, such a key stays held until its TTL. A
+/// release normally takes milliseconds; the grace also covers the core's second release
+/// of an abandoned acquisition (a request timeout later) only in part, since every Ctrl-C
+/// during a wait would then take that long.
+const CLEANUP_GRACE: Duration = Duration::from_secs(1);
+
+/// Resolves once no task is left on the runtime (a signal such as a second Ctrl-C ends
+/// the wait too), polled: tokio has no event for it.
+async fn background_work_done() {
+    let Ok(mut again) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+    else {
+        return;
+    };
+    let metrics = tokio::runtime::Handle::current().metrics();
+    while metrics.num_alive_tasks() > 0 {
+        tokio::select! {
+            _ = again.recv() => return,
+            () = tokio::time::sleep(Duration::from_millis(2)) => {}
+        }
     }
 }
 

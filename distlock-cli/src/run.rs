@@ -6,7 +6,7 @@ use distlock::{ErrorKind, LockGuard, Wait};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::time::Instant;
 
-use crate::child::{exit_code, Group, Program};
+use crate::child::{exit_code, stop_self, Event, Group, Program};
 use crate::cli::{OnLost, RunArgs};
 use crate::failure::{describe, killed_by, Failure, LOST, UNAVAILABLE};
 use crate::store;
@@ -16,13 +16,23 @@ pub async fn run(args: RunArgs, store_url: &str) -> Result<u8, Failure> {
     // Installed before anything else, so a signal during the wait is ours to handle (and
     // ends the wait cleanly) rather than killing distlock with nothing released.
     let mut signals = Signals::new()?;
-    let guard = tokio::select! {
-        acquired = acquire(&args, store_url) => acquired?,
-        signal = signals.recv() => {
-            return Err(Failure::new(
-                killed_by(signal),
-                format!("interrupted by signal {signal} while waiting for {:?}", args.key),
-            ));
+    let mut acquiring = std::pin::pin!(acquire(&args, store_url));
+    let guard = loop {
+        tokio::select! {
+            acquired = &mut acquiring => break acquired?,
+            signal = signals.recv() => match signal {
+                // Ctrl-Z while waiting: suspended like any job; the wait goes on after.
+                libc::SIGTSTP => stop_self(),
+                libc::SIGCONT => {}
+                _ => {
+                    // Dropping the acquisition releases whatever it may have been granted,
+                    // in the background; `main` waits for that before exiting.
+                    return Err(Failure::new(
+                        killed_by(signal),
+                        format!("interrupted by signal {signal} while waiting for {:?}", args.key),
+                    ));
+                }
+            }
         }
     };
     let program = match &args.shell {
@@ -94,51 +104,143 @@ enum Supervised {
     Lost,
 }
 
-/// Waits for the command, forwarding signals, and stops it if the lock is lost.
+/// How often to look again for the members of the command's group that outlive it (they
+/// are not distlock's children, so no event says when the last is gone): from the first
+/// pause, doubling up to the last.
+const LEFTOVERS_POLL: (Duration, Duration) =
+    (Duration::from_millis(10), Duration::from_millis(200));
+
+/// What `supervise` knows about the lock and the stop it sent.
+struct Watch<'a> {
+    group: Group,
+    guard: &'a LockGuard,
+    args: &'a RunArgs,
+    lost_seen: bool,
+    kill_at: Option<Instant>,
+}
+
+/// Waits for the command and every process of its group, forwarding signals, suspending
+/// with it like a shell job, and stops it if the lock is lost.
 async fn supervise(
-    mut group: Group,
+    group: Group,
     guard: &LockGuard,
     args: &RunArgs,
     signals: &mut Signals,
 ) -> Result<Supervised, Failure> {
     let mut lost = std::pin::pin!(guard.lost());
-    let mut lost_seen = false;
-    let mut kill_at: Option<Instant> = None;
-    let status = loop {
-        tokio::select! {
-            status = group.wait() => break status,
-            signal = signals.recv() => {
-                // The group may just have exited (ESRCH): nothing left to forward to.
-                let _ = group.signal(signal);
-            }
-            () = &mut lost, if !lost_seen => {
-                lost_seen = true;
-                kill_at = on_lost(&group, guard, args);
-            }
-            () = sleep_until(kill_at), if kill_at.is_some() => {
-                kill_at = None;
-                let _ = group.signal(libc::SIGKILL);
-            }
-        }
+    let mut watch = Watch {
+        group,
+        guard,
+        args,
+        lost_seen: false,
+        kill_at: None,
     };
-    let status = status
-        .map_err(|err| Failure::new(UNAVAILABLE, format!("waiting for the command: {err}")))?;
-    if !lost_seen {
-        return Ok(Supervised::Exited(exit_code(status)));
-    }
-    // The leader is gone; whatever else of the group ignored SIGTERM (a grandchild that
-    // traps it) gets SIGKILL at the end of the same grace period.
-    if let Some(deadline) = kill_at {
-        // Polled: the other members are not our children, so no event tells when the
-        // last of them is gone.
-        while group.has_live_members() && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(50).min(deadline - Instant::now())).await;
+    let mut status = None;
+    let mut poll = LEFTOVERS_POLL.0;
+    loop {
+        // The lock covers every process the command started in its group, not only the
+        // command: a background job of a shell script must not run on unprotected.
+        if status.is_some() && !watch.group.has_live_members() {
+            break;
         }
-        if group.has_live_members() {
-            let _ = group.signal(libc::SIGKILL);
+        tokio::select! {
+            event = watch.group.next_event() => {
+                let event = event.map_err(|err| {
+                    Failure::new(UNAVAILABLE, format!("waiting for the command: {err}"))
+                })?;
+                match event {
+                    Event::Exited(leader) => {
+                        status = Some(leader);
+                        watch.group.reclaim_terminal();
+                        if args.kill_group_on_exit && !watch.lost_seen && watch.kill_at.is_none() {
+                            watch.stop_leftovers();
+                        }
+                    }
+                    // Ctrl-Z on the terminal the command has.
+                    Event::Stopped(libc::SIGTSTP) => watch.suspend(),
+                    // The command read the terminal (or wrote, with `tostop`) from the
+                    // background.
+                    Event::Stopped(libc::SIGTTIN | libc::SIGTTOU) => {
+                        // distlock itself is in the foreground now (`fg` of a job started
+                        // with `&`): the command's turn at the terminal. Otherwise the
+                        // whole job waits for `fg`, as a shell's background job does.
+                        if watch.group.hand_terminal() {
+                            let _ = watch.group.signal(libc::SIGCONT);
+                        } else {
+                            watch.suspend();
+                        }
+                    }
+                    // A SIGSTOP from elsewhere (a debugger, an operator): the command
+                    // still holds the lock, paused; continued, it goes on under it.
+                    Event::Stopped(_) | Event::Continued => {}
+                }
+            }
+            signal = signals.recv() => match signal {
+                libc::SIGTSTP => watch.suspend(),
+                libc::SIGCONT => {
+                    // Continued by `fg` after a `&`: the terminal goes to the command.
+                    watch.group.hand_terminal();
+                }
+                // The group may just have exited (ESRCH): nothing left to forward to.
+                other => {
+                    let _ = watch.group.signal(other);
+                }
+            },
+            () = &mut lost, if !watch.lost_seen => watch.on_lost(),
+            () = sleep_until(watch.kill_at), if watch.kill_at.is_some() => {
+                watch.kill_at = None;
+                let _ = watch.group.signal(libc::SIGKILL);
+            }
+            () = tokio::time::sleep(poll), if status.is_some() => {
+                poll = (poll * 2).min(LEFTOVERS_POLL.1);
+            }
         }
     }
-    Ok(Supervised::Lost)
+    if watch.lost_seen {
+        return Ok(Supervised::Lost);
+    }
+    match status {
+        Some(status) => Ok(Supervised::Exited(exit_code(status))),
+        None => Err(Failure::new(
+            UNAVAILABLE,
+            "the command's status was not seen",
+        )),
+    }
+}
+
+impl Watch<'_> {
+    /// Suspends the command's group and then distlock, as Ctrl-Z suspends a shell job:
+    /// while distlock is stopped it renews nothing, so the command must not run either.
+    /// Returns once distlock is continued (`fg`, `bg`, SIGCONT), having continued the
+    /// command too, unless the lock was lost meanwhile: then the command gets `--on-lost`
+    /// first (with SIGTERM pending, it runs no more of its own code when continued).
+    fn suspend(&mut self) {
+        let _ = self.group.signal(libc::SIGSTOP);
+        self.group.reclaim_terminal();
+        stop_self();
+        // Continued.
+        if !self.lost_seen && !self.guard.is_held() {
+            self.on_lost();
+        }
+        self.group.hand_terminal();
+        let _ = self.group.signal(libc::SIGCONT);
+    }
+
+    /// Acts on a lost lock as `--on-lost` says.
+    fn on_lost(&mut self) {
+        self.lost_seen = true;
+        self.kill_at = on_lost(&self.group, self.guard, self.args);
+    }
+
+    /// `--kill-group-on-exit`: the command has exited; what it left in its group gets
+    /// SIGTERM now and SIGKILL after `--kill-after`.
+    fn stop_leftovers(&mut self) {
+        if self.group.signal(libc::SIGTERM).is_ok() {
+            // A stopped member acts on SIGTERM only once continued.
+            let _ = self.group.signal(libc::SIGCONT);
+            self.kill_at = Some(Instant::now() + self.args.kill_after);
+        }
+    }
 }
 
 /// Acts on a lost lock as `--on-lost` says; the instant to send SIGKILL, if any.
@@ -152,6 +254,9 @@ fn on_lost(group: &Group, guard: &LockGuard, args: &RunArgs) -> Option<Instant> 
         OnLost::Term => {
             eprintln!("distlock: {what}: sending SIGTERM to the command's process group (SIGKILL in {:?})", args.kill_after);
             let _ = group.signal(libc::SIGTERM);
+            // A stopped member acts on SIGTERM only once continued (as a shell's `kill`
+            // of a stopped job does).
+            let _ = group.signal(libc::SIGCONT);
             Some(Instant::now() + args.kill_after)
         }
         OnLost::Kill => {
@@ -188,11 +293,15 @@ fn default_label() -> String {
     }
 }
 
-/// The signals distlock forwards to the command (and that end a wait for the lock).
+/// The signals distlock forwards to the command (and that end a wait for the lock), and
+/// those of job control.
 struct Signals {
     interrupt: Signal,
     terminate: Signal,
     hangup: Signal,
+    quit: Signal,
+    suspend: Signal,
+    resumed: Signal,
 }
 
 impl Signals {
@@ -206,6 +315,9 @@ impl Signals {
             interrupt: install(SignalKind::interrupt())?,
             terminate: install(SignalKind::terminate())?,
             hangup: install(SignalKind::hangup())?,
+            quit: install(SignalKind::quit())?,
+            suspend: install(SignalKind::from_raw(libc::SIGTSTP))?,
+            resumed: install(SignalKind::from_raw(libc::SIGCONT))?,
         })
     }
 
@@ -215,6 +327,9 @@ impl Signals {
             _ = self.interrupt.recv() => libc::SIGINT,
             _ = self.terminate.recv() => libc::SIGTERM,
             _ = self.hangup.recv() => libc::SIGHUP,
+            _ = self.quit.recv() => libc::SIGQUIT,
+            _ = self.suspend.recv() => libc::SIGTSTP,
+            _ = self.resumed.recv() => libc::SIGCONT,
         }
     }
 }

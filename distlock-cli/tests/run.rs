@@ -5,8 +5,10 @@
 
 mod support;
 
+use support::pty::{Input, Terminal};
 use support::{
-    bare_distlock, is_alive, not_executable, wait_gone, Finished, Running, Store, PATIENCE,
+    as_job, bare_distlock, child_of, is_alive, not_executable, send_signal, state_of, wait_gone,
+    wait_stopped, Finished, Running, Store, PATIENCE,
 };
 
 /// A `distlock run` that holds `key` until its stdin is closed, after printing
@@ -236,22 +238,42 @@ fn the_default_store_is_a_sqlite_file_in_the_data_dir_and_the_environment_can_na
     assert!(other.is_file());
 }
 
-/// Makes `holder` (a `distlock run` with a short TTL) lose its lock on `key` for real:
-/// frozen, it cannot renew, so the store expires the lease; another run taking the key
-/// proves it expired in the store, not just in distlock's head. Then `holder` resumes.
+/// Makes `holder` (a `distlock run` with a short TTL, started [`as_job`]) lose its lock
+/// on `key` for real: suspended by Ctrl-Z (SIGTSTP to its process group, as the terminal
+/// sends it), it cannot renew, so the store expires the lease; another run taking the key
+/// proves it expired in the store, not just in distlock's head. The command was suspended
+/// before distlock: the other run's command finds it stopped, not running beside it. Then
+/// `holder` is continued, as `fg` does.
+///
+/// (SIGSTOP, which distlock cannot catch, would freeze distlock alone: its command would
+/// run on unprotected once the TTL passed. The README says so.)
 fn lose_the_lock(store: &Store, holder: &Running, key: &str) {
-    holder.signal("STOP");
-    let taker = Running::spawn(store.distlock(&["run", "-w", "60s", key, "--", "true"]));
+    let command = child_of(holder.pid);
+    holder.signal_job("TSTP");
+    wait_stopped(holder.pid);
+    let taker = Running::spawn(store.distlock(&[
+        "run",
+        "-w",
+        "60s",
+        key,
+        "-c",
+        &format!("cut -d' ' -f3 /proc/{command}/stat"),
+    ]));
+    let seen = taker.line();
     let taken = taker.exit_code();
-    holder.signal("CONT");
+    holder.signal_job("CONT");
     assert_eq!(taken, 0, "{}", taker.rest_of_stderr());
+    assert_eq!(
+        seen, "T",
+        "the suspended run's command must be stopped while another run holds the key"
+    );
 }
 
 #[test]
 fn a_lost_lock_stops_the_whole_process_group() {
     let store = Store::sqlite();
     // The command starts a grandchild through the shell, prints its pid and waits on it.
-    let lost = Running::spawn(store.distlock(&[
+    let lost = Running::spawn(as_job(store.distlock(&[
         "run",
         "-t",
         "1s",
@@ -260,7 +282,7 @@ fn a_lost_lock_stops_the_whole_process_group() {
         "job",
         "-c",
         "sleep 300 & echo $!; wait",
-    ]));
+    ])));
     let grandchild: u32 = lost.line().parse().expect("a pid");
     assert!(is_alive(grandchild));
     lose_the_lock(&store, &lost, "job");
@@ -273,7 +295,7 @@ fn a_lost_lock_stops_the_whole_process_group() {
 #[test]
 fn a_lost_lock_escalates_to_sigkill_for_a_grandchild_that_ignores_sigterm() {
     let store = Store::sqlite();
-    let lost = Running::spawn(store.distlock(&[
+    let lost = Running::spawn(as_job(store.distlock(&[
         "run",
         "-t",
         "1s",
@@ -283,7 +305,7 @@ fn a_lost_lock_escalates_to_sigkill_for_a_grandchild_that_ignores_sigterm() {
         "-c",
         // The shell dies of SIGTERM; the grandchild ignores it and outlives its parent.
         "sh -c 'trap \"\" TERM; echo $$; while :; do sleep 1; done' & wait",
-    ]));
+    ])));
     let grandchild: u32 = lost.line().parse().expect("a pid");
     lose_the_lock(&store, &lost, "job");
     assert_eq!(lost.exit_code(), 75, "{}", lost.rest_of_stderr());
@@ -293,7 +315,7 @@ fn a_lost_lock_escalates_to_sigkill_for_a_grandchild_that_ignores_sigterm() {
 #[test]
 fn on_lost_kill_kills_at_once_and_ignore_lets_the_command_finish_with_exit_75() {
     let store = Store::sqlite();
-    let killed = Running::spawn(store.distlock(&[
+    let killed = Running::spawn(as_job(store.distlock(&[
         "run",
         "-t",
         "1s",
@@ -304,13 +326,13 @@ fn on_lost_kill_kills_at_once_and_ignore_lets_the_command_finish_with_exit_75() 
         "a",
         "-c",
         "trap '' TERM; echo started; read _",
-    ]));
+    ])));
     assert_eq!(killed.line(), "started");
     lose_the_lock(&store, &killed, "a");
     // SIGTERM is ignored and the grace period is an hour: only SIGKILL ends it now.
     assert_eq!(killed.exit_code(), 75, "{}", killed.rest_of_stderr());
 
-    let ignored = Running::spawn(store.distlock(&[
+    let ignored = Running::spawn(as_job(store.distlock(&[
         "run",
         "-t",
         "1s",
@@ -319,7 +341,7 @@ fn on_lost_kill_kills_at_once_and_ignore_lets_the_command_finish_with_exit_75() 
         "b",
         "-c",
         "echo started; read _; echo finished",
-    ]));
+    ])));
     assert_eq!(ignored.line(), "started");
     lose_the_lock(&store, &ignored, "b");
     ignored.stderr_line_containing("letting it finish");
@@ -356,6 +378,192 @@ fn ctrl_c_while_waiting_gives_up_cleanly() {
 }
 
 #[test]
+fn ctrl_backslash_is_forwarded_and_releases_the_lock() {
+    let store = Store::sqlite();
+    let quit = Running::spawn(store.distlock(&["run", "job", "-c", "echo $$; exec sleep 300"]));
+    let command: u32 = quit.line().parse().expect("a pid");
+    quit.signal("QUIT");
+    // distlock outlives its command: it reports the command's death and releases.
+    assert_eq!(quit.exit_code(), 128 + 3, "{}", quit.rest_of_stderr());
+    wait_gone(command);
+    store
+        .output(&["run", "-n", "job", "--", "true"])
+        .expect_code(0);
+}
+
+#[test]
+fn a_command_reading_the_terminal_gets_it() {
+    let store = Store::sqlite();
+    let terminal = Terminal::spawn(
+        store.distlock(&["run", "k", "-c", "echo ready; read x; echo \"got $x\""]),
+        Input::Terminal,
+    );
+    terminal.line_containing("ready");
+    terminal.type_text("hello\n");
+    terminal.line_containing("got hello");
+    assert_eq!(terminal.exit(PATIENCE).code(), Some(0));
+    store
+        .output(&["run", "-n", "k", "--", "true"])
+        .expect_code(0);
+}
+
+#[test]
+fn ctrl_z_on_the_terminal_suspends_the_command_with_distlock() {
+    let store = Store::sqlite();
+    let terminal = Terminal::spawn(
+        store.distlock(&[
+            "run",
+            "-t",
+            "1s",
+            "k",
+            "-c",
+            "echo ready; read x; echo \"got $x\"",
+        ]),
+        Input::Terminal,
+    );
+    terminal.line_containing("ready");
+    let command = child_of(terminal.pid);
+    terminal.type_text("\x1a");
+    // The terminal stopped the command (its foreground job); distlock followed.
+    wait_stopped(terminal.pid);
+    assert_eq!(state_of(command).as_deref(), Some("T"));
+    // Suspended past the TTL: the key is free, and the command still stopped.
+    store
+        .output(&["run", "-w", "60s", "k", "--", "true"])
+        .expect_code(0);
+    assert_eq!(state_of(command).as_deref(), Some("T"));
+    // `fg`: distlock finds its lock lost and stops the command rather than continuing it.
+    send_signal(terminal.pid, "CONT");
+    terminal.line_containing("lost the lock on \"k\"");
+    assert_eq!(terminal.exit(PATIENCE).code(), Some(75));
+    wait_gone(command);
+}
+
+#[test]
+fn a_command_stopped_by_the_terminal_stops_distlock_too() {
+    let store = Store::sqlite();
+    // distlock's stdin is not the terminal, so it keeps the terminal; the command reads
+    // it from the background and is stopped (SIGTTIN), as a shell's background job is.
+    let terminal = Terminal::spawn(
+        store.distlock(&[
+            "run",
+            "-t",
+            "1s",
+            "k",
+            "-c",
+            "echo ready; read x < /dev/tty",
+        ]),
+        Input::Null,
+    );
+    terminal.line_containing("ready");
+    let command = child_of(terminal.pid);
+    // Not stopped for ever holding the lock: distlock stops too, and the lock lapses.
+    wait_stopped(terminal.pid);
+    store
+        .output(&["run", "-w", "60s", "k", "--", "true"])
+        .expect_code(0);
+    assert_eq!(state_of(command).as_deref(), Some("T"));
+    send_signal(terminal.pid, "CONT");
+    assert_eq!(terminal.exit(PATIENCE).code(), Some(75));
+    wait_gone(command);
+}
+
+#[test]
+fn the_lock_is_held_until_every_process_of_the_group_has_exited() {
+    let store = Store::sqlite();
+    let run =
+        Running::spawn(store.distlock(&["run", "job", "-c", "sleep 300 & echo $$ $!; exit 0"]));
+    let line = run.line();
+    let (command, member) = line.split_once(' ').expect("two pids");
+    let (command, member): (u32, u32) =
+        (command.parse().expect("pid"), member.parse().expect("pid"));
+    wait_gone(command);
+    // The command has exited, its background job has not: the key stays held.
+    store
+        .output(&["run", "-w", "2s", "job", "--", "true"])
+        .expect_code(1);
+    send_signal(member, "KILL");
+    assert_eq!(run.exit_code(), 0, "{}", run.rest_of_stderr());
+    store
+        .output(&["run", "-n", "job", "--", "true"])
+        .expect_code(0);
+}
+
+#[test]
+fn kill_group_on_exit_stops_what_the_command_left_behind() {
+    let store = Store::sqlite();
+    let fifo = store.path("ready");
+    let script = format!(
+        // Two background jobs: one dies of SIGTERM; the other ignores it (and says so
+        // through the fifo before the command exits) and needs SIGKILL.
+        "mkfifo {fifo}; sleep 300 & echo $!; \
+         sh -c 'trap \"\" TERM; echo $$ > {fifo}; while :; do sleep 1; done' & \
+         read pid < {fifo}; echo $pid; exit 3",
+        fifo = fifo.display()
+    );
+    let run = Running::spawn(store.distlock(&[
+        "run",
+        "--kill-group-on-exit",
+        "--kill-after",
+        "1s",
+        "job",
+        "-c",
+        &script,
+    ]));
+    let first: u32 = run.line().parse().expect("a pid");
+    let second: u32 = run.line().parse().expect("a pid");
+    assert_eq!(run.exit_code(), 3, "{}", run.rest_of_stderr());
+    assert!(
+        !is_alive(first) && !is_alive(second),
+        "the group was emptied before the release"
+    );
+    store
+        .output(&["run", "-n", "job", "--", "true"])
+        .expect_code(0);
+}
+
+/// On a session store a waiter's queue entry lives as long as the waiting client's
+/// session, which outlives the process: a Ctrl-C during the wait must have the entry taken
+/// out before distlock exits. The library does that in the background, and distlock used
+/// to exit without waiting for it, leaving the key blocked after its holder let go.
+#[cfg(feature = "etcd")]
+#[test]
+fn ctrl_c_while_queued_on_a_session_store_leaves_no_entry_behind() {
+    use conformance_tests::store_process::{StoreProcess, StoreSpec};
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    let etcd = runtime
+        .block_on(StoreProcess::start(StoreSpec::etcd().expect("etcd")))
+        .expect("etcd starts");
+    let store = Store {
+        dir: tempfile::tempdir().expect("a temp dir"),
+        url: format!("etcd://{}/distlock-cli-test", etcd.addr()),
+    };
+    let (first, _) = holder(&store, "job", &[]);
+    let waiting = Running::spawn(store.distlock(&["run", "job", "--", "true"]));
+    // In the queue: the store counts it.
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        let status = store.output(&["status", "--json", "job"]);
+        if status.stdout.contains("\"waiters\":1") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no waiter seen: {}",
+            status.stdout
+        );
+        // Polling the store: nothing tells another process that a waiter queued.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    waiting.signal("INT");
+    assert_eq!(waiting.exit(PATIENCE).code(), Some(128 + 2));
+    let_go(first);
+    store
+        .output(&["run", "-w", "5s", "job", "--", "true"])
+        .expect_code(0);
+}
+
+#[test]
 fn help_documents_every_subcommand_and_the_exit_codes() {
     let help = |args: &[&str]| {
         let mut command = bare_distlock();
@@ -387,6 +595,7 @@ fn help_documents_every_subcommand_and_the_exit_codes() {
         "--conflict-exit-code",
         "--on-lost",
         "--kill-after",
+        "--kill-group-on-exit",
         "-c",
         "DISTLOCK_TOKEN",
         "DISTLOCK_LEASE_ID",

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, SortOrder,
-    SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, LeaseGrantOptions,
+    LeaseTimeToLiveOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+    TxnResponse,
 };
 use lock_core::backend::{
     AcquireRequest, Capabilities, Grant, HolderInfo, KeyWatch, LockBackend, Record, Turn,
@@ -53,8 +54,10 @@ struct Attempt {
 }
 
 impl EtcdBackend {
-    /// Connects to the cluster `config` names and checks, within the request time-out,
-    /// that it answers and accepts the credentials.
+    /// Connects to the cluster `config` names and checks that it is etcd, that it answers
+    /// and that it accepts the credentials. Each step of connecting (reaching a member,
+    /// the HTTP/2 handshake, authentication, the member's status) is bounded by the
+    /// connect time-out; the first read of the lock namespace by the request time-out.
     pub async fn connect(config: &EtcdConfig) -> Result<Self> {
         let mut options = ConnectOptions::new()
             .with_connect_timeout(config.connect_timeout)
@@ -67,10 +70,29 @@ impl EtcdBackend {
             options = options.with_user(user, password);
         }
         let bound = config.request_timeout;
-        let client = timeout(bound, Client::connect(config.endpoints(), Some(options)))
-            .await
-            .map_err(|_| timed_out("connecting"))?
-            .map_err(|err| map("connecting", err))?;
+        // The client's own connect time-out covers only the TCP connection: a listener
+        // that accepts and never answers would hold the HTTP/2 handshake (and the
+        // authentication request made while connecting) for ever.
+        let step = config.connect_timeout;
+        let client = match timeout(step, Client::connect(config.endpoints(), Some(options))).await {
+            Err(_) => return Err(no_answer(config, "connecting")),
+            Ok(Err(err)) => return Err(connect_failed(config, "connecting", err).await),
+            Ok(Ok(client)) => client,
+        };
+        // A member answers its status itself, without raft: the first answer over the new
+        // connection, which shows it is etcd and names its version.
+        match timeout(step, client.maintenance_client().status()).await {
+            Err(_) => return Err(no_answer(config, "reading the server status")),
+            Ok(Ok(status)) => crate::server::warn_if_unsafe(status.version()),
+            // Some servers let only administrators read their status: the version check
+            // is skipped, the namespace read below still checks the credentials.
+            Ok(Err(err)) if crate::error::kind_of(&err) == ErrorKind::PermissionDenied => {
+                tracing::debug!("etcd: the server status is not readable with these credentials");
+            }
+            Ok(Err(err)) => {
+                return Err(connect_failed(config, "reading the server status", err).await)
+            }
+        }
         let keys = KeySpace::new(&config.prefix, config.layout);
         let probe = GetOptions::new().with_limit(1).with_keys_only();
         timeout(bound, client.kv_client().get(keys.root(), Some(probe)))
@@ -246,6 +268,123 @@ impl EtcdBackend {
             .and_then([TxnOp::delete(entry, None)]);
         let done = self.call("releasing", self.kv().txn(txn)).await?;
         Ok(done.succeeded())
+    }
+}
+
+impl EtcdBackend {
+    /// The etcd lease a record written under the ownership granted at revision `granted`
+    /// lives by. Its id is derived from the record key and that revision, so a retried
+    /// write (the idempotent layer retries one whose reply was lost) finds the lease of
+    /// the first try instead of granting another that would wait out the retention with
+    /// nothing attached.
+    async fn record_lease(&self, record_key: &[u8], granted: i64, seconds: i64) -> Result<i64> {
+        let id = record_lease_id(record_key, granted);
+        let mut leases = self.inner.client.lease_client();
+        let chosen = LeaseGrantOptions::new().with_id(id);
+        match timeout(
+            self.inner.request_timeout,
+            leases.grant(seconds, Some(chosen)),
+        )
+        .await
+        {
+            Err(_) => return Err(timed_out("granting a record's lease")),
+            Ok(Ok(lease)) => return Ok(lease.id()),
+            Ok(Err(err)) if is_lease_taken(&err) => {}
+            Ok(Err(err)) => return Err(map("granting a record's lease", err)),
+        }
+        let found = self
+            .call(
+                "reading a record's lease",
+                leases.time_to_live(id, Some(LeaseTimeToLiveOptions::new().with_keys())),
+            )
+            .await?;
+        let ours = found.ttl() > 0
+            && found.granted_ttl() == seconds
+            && found.keys().iter().all(|k| k.as_slice() == record_key);
+        if ours {
+            // A keep-alive restarts the retention from now, as a fresh grant would.
+            self.call("keeping a record's lease", leases.keep_alive(id))
+                .await?;
+            return Ok(id);
+        }
+        // Another lease has that id (it expired meanwhile, or a hash collision): one of
+        // the server's choosing.
+        let lease = self
+            .call("granting a record's lease", leases.grant(seconds, None))
+            .await?;
+        Ok(lease.id())
+    }
+
+    /// Revokes a record's lease that has nothing attached (a refused write), rather than
+    /// let it wait out the retention; one that holds a record written by an earlier try
+    /// is kept.
+    async fn revoke_if_unused(&self, lease: i64) {
+        let mut leases = self.inner.client.lease_client();
+        let found = self
+            .call(
+                "reading a record's lease",
+                leases.time_to_live(lease, Some(LeaseTimeToLiveOptions::new().with_keys())),
+            )
+            .await;
+        if matches!(&found, Ok(found) if found.keys().is_empty()) {
+            if let Err(err) = self
+                .call("revoking a record's lease", leases.revoke(lease))
+                .await
+            {
+                tracing::debug!(lease, error = %err, "an unused record lease lives out its retention");
+            }
+        }
+    }
+}
+
+/// The id of the etcd lease for the record at `record_key` written under the ownership
+/// granted at revision `granted`: FNV-1a, positive and non-zero as etcd wants a chosen id.
+fn record_lease_id(record_key: &[u8], granted: i64) -> i64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in b"distlock-record\0"
+        .iter()
+        .chain(record_key)
+        .chain(&granted.to_be_bytes())
+    {
+        hash = (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3);
+    }
+    i64::try_from(hash >> 1).unwrap_or(1).max(1)
+}
+
+/// etcd refused a lease id because a lease with it exists.
+fn is_lease_taken(err: &etcd_client::Error) -> bool {
+    matches!(err, etcd_client::Error::GRpcStatus(status) if status.message().contains("lease already exists"))
+}
+
+/// No answer within the connect time-out while `what`.
+fn no_answer(config: &EtcdConfig, what: &str) -> Error {
+    Error::new(
+        ErrorKind::Unavailable,
+        format!(
+            "etcd: {what}: no answer from {} within the connect time-out ({:?})",
+            config.endpoints().join(","),
+            config.connect_timeout
+        ),
+    )
+}
+
+/// The error for a connect step that failed with `err`: a server that is not etcd is
+/// named as such rather than reported as an unexplained transport failure.
+async fn connect_failed(config: &EtcdConfig, what: &str, err: etcd_client::Error) -> Error {
+    if let etcd_client::Error::GRpcStatus(status) = &err {
+        if status.code() == tonic::Code::Unimplemented {
+            return crate::server::not_etcd_api(config.endpoints(), err);
+        }
+    }
+    if matches!(
+        crate::error::kind_of(&err),
+        ErrorKind::PermissionDenied | ErrorKind::InvalidInput
+    ) {
+        return map(what, err);
+    }
+    match crate::server::not_etcd(config.endpoints(), config.connect_timeout).await {
+        Some(not_etcd) => not_etcd.with_source(err),
+        None => map(what, err),
     }
 }
 
@@ -496,12 +635,8 @@ impl LockBackend for EtcdBackend {
         // The record expires with a lease of its own, on the cluster's clock.
         // Whole seconds, rounded up (at most thirty years: no overflow).
         let seconds = (Record::retention_millis(retention)? + 999) / 1000;
-        let lease = self
-            .call(
-                "granting a record's lease",
-                self.inner.client.lease_client().grant(seconds, None),
-            )
-            .await?;
+        let record_key = self.inner.keys.record(key);
+        let lease = self.record_lease(&record_key, granted, seconds).await?;
         let dir = self.inner.keys.dir(key);
         let txn = Txn::new()
             .when([
@@ -510,20 +645,13 @@ impl LockBackend for EtcdBackend {
                     .with_range(range_end(&dir)),
             ])
             .and_then([TxnOp::put(
-                self.inner.keys.record(key),
+                record_key,
                 record.to_bytes(),
-                Some(PutOptions::new().with_lease(lease.id())),
+                Some(PutOptions::new().with_lease(lease)),
             )]);
         let written = self.call("writing a record", self.kv().txn(txn)).await?;
         if !written.succeeded() {
-            // Nothing is attached to the lease: give it back rather than let it wait out
-            // the retention.
-            let _ = self
-                .call(
-                    "revoking a record's lease",
-                    self.inner.client.lease_client().revoke(lease.id()),
-                )
-                .await;
+            self.revoke_if_unused(lease).await;
         }
         Ok(written.succeeded())
     }
@@ -535,5 +663,23 @@ impl fmt::Debug for EtcdBackend {
             .field("endpoints", &self.inner.endpoints)
             .field("keys", &self.inner.keys)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_lease_ids_are_positive_and_differ_by_key_and_grant() {
+        let ids = [
+            record_lease_id(b"p/a/record", 7),
+            record_lease_id(b"p/a/record", 8),
+            record_lease_id(b"p/b/record", 7),
+        ];
+        assert!(ids.iter().all(|id| *id > 0), "{ids:?}");
+        assert_ne!(ids[0], ids[1]);
+        assert_ne!(ids[0], ids[2]);
+        assert_eq!(ids[0], record_lease_id(b"p/a/record", 7));
     }
 }

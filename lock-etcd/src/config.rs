@@ -31,8 +31,8 @@ pub enum Layout {
 ///
 /// | option | default | meaning |
 /// |---|---|---|
-/// | `connect_timeout_ms` | 2000 | bound on establishing a connection to a member |
-/// | `request_timeout_ms` | 5000 | bound on one request (and on `connect`) |
+/// | `connect_timeout_ms` | 2000 | bound on each step of connecting: reaching a member, the HTTP/2 handshake, authentication, the member's status |
+/// | `request_timeout_ms` | 5000 | bound on one request (the first read of the namespace in `connect` included) |
 /// | `min_ttl_ms` | 2000 | the shortest TTL accepted; set it to your cluster's minimum lease TTL (1.5 election timeouts, rounded up to a second) |
 /// | `layout` | `distlock` | `etcd-mutex` lays entries out like etcd's own mutex, for `etcdctl lock` interoperability (see the crate docs) |
 ///
@@ -44,9 +44,11 @@ pub struct EtcdConfig {
     password: Option<String>,
     /// Namespace of every etcd key this client writes.
     pub prefix: String,
-    /// Bound on establishing a connection to a member.
+    /// Bound on each step of connecting: reaching a member, the HTTP/2 handshake,
+    /// authentication, the member's status.
     pub connect_timeout: Duration,
-    /// Bound on one request, and on [`connect`](crate::connect).
+    /// Bound on one request (the first read of the namespace in
+    /// [`connect`](crate::connect) included).
     pub request_timeout: Duration,
     /// The shortest TTL accepted (the cluster's minimum lease TTL).
     pub min_ttl: Duration,

@@ -9,7 +9,7 @@ pub(crate) fn map(what: &str, err: etcd_client::Error) -> Error {
     Error::new(kind, format!("etcd: {what} failed ({kind})")).with_source(err)
 }
 
-fn kind_of(err: &etcd_client::Error) -> ErrorKind {
+pub(crate) fn kind_of(err: &etcd_client::Error) -> ErrorKind {
     use etcd_client::Error as E;
     match err {
         E::GRpcStatus(status) => status_kind(status.code(), status.message()),

@@ -22,6 +22,7 @@ mod backend;
 mod config;
 mod error;
 mod keys;
+mod server;
 mod session;
 mod watch;
 

@@ -27,8 +27,28 @@ pub(crate) enum SessionKind {
     Own(LeaseId),
 }
 
-/// A keep-alive asked for by a renewal: answered with whether the lease is still alive.
-type Ping = oneshot::Sender<Result<bool>>;
+/// A keep-alive asked for by a renewal: answered with whether the lease is still alive,
+/// only by a keep-alive sent no earlier than it was asked for (the core counts the renewed
+/// deadline from before it asked, so an older keep-alive would stretch the deadline past
+/// the server's expiry).
+#[derive(Debug)]
+struct Ping {
+    asked_at: Instant,
+    answer: oneshot::Sender<Result<bool>>,
+}
+
+impl Ping {
+    fn reply(self, answer: Result<bool>) {
+        // The renewal may have given up waiting: nobody to tell.
+        let _ = self.answer.send(answer);
+    }
+}
+
+/// Splits `pings` into those a keep-alive sent at `sent_at` answers (asked for no later)
+/// and those that need a keep-alive of their own.
+fn answered_by(pings: Vec<Ping>, sent_at: Instant) -> (Vec<Ping>, Vec<Ping>) {
+    pings.into_iter().partition(|ping| ping.asked_at <= sent_at)
+}
 
 /// One etcd lease of this client.
 #[derive(Debug)]
@@ -50,7 +70,10 @@ impl EtcdSession {
     pub(crate) async fn ping(&self) -> Result<bool> {
         let (answer, answered) = oneshot::channel();
         self.pings
-            .send(answer)
+            .send(Ping {
+                asked_at: Instant::now(),
+                answer,
+            })
             .map_err(|_| Error::new(ErrorKind::Unavailable, "etcd: the session has ended"))?;
         answered
             .await
@@ -263,16 +286,26 @@ async fn keep_alive(
             match opened {
                 Opened::Stream(open, sent_at) => {
                     current.keeper.kept_alive(sent_at);
-                    waiting.drain(..).for_each(|ping| drop(ping.send(Ok(true))));
-                    stream = Some(*open);
+                    drop(current);
+                    // The open may have been sent before some pings were asked for (an
+                    // earlier or hedged attempt): those get a keep-alive of their own.
+                    let (proven, later) = answered_by(std::mem::take(&mut waiting), sent_at);
+                    proven.into_iter().for_each(|ping| ping.reply(Ok(true)));
+                    let open = stream.insert(*open);
+                    let mut later = later.into_iter();
+                    for ping in later.by_ref() {
+                        if !send(open, Some(ping)).await {
+                            broken(&session, &mut stream, "the keep-alive stream closed");
+                            break;
+                        }
+                    }
+                    waiting.extend(later);
                     next_tick = TokioInstant::now() + timing.interval;
                     pause = Duration::from_millis(50);
                 }
                 Opened::Gone => {
                     current.ended();
-                    waiting
-                        .drain(..)
-                        .for_each(|ping| drop(ping.send(Ok(false))));
+                    waiting.drain(..).for_each(|ping| ping.reply(Ok(false)));
                     return;
                 }
                 Opened::Closed => return,
@@ -281,7 +314,7 @@ async fn keep_alive(
                     tracing::debug!(lease, error = %err, "keep-alive stream failed; retrying");
                     waiting
                         .drain(..)
-                        .for_each(|ping| drop(ping.send(Err(err.clone()))));
+                        .for_each(|ping| ping.reply(Err(err.clone())));
                     drop(current);
                     // Pings that arrive meanwhile wait for the next attempt.
                     let resume = TokioInstant::now() + pause;
@@ -352,16 +385,22 @@ async fn keep_alive(
             },
             reply = open.replies.message() => match reply {
                 Ok(Some(reply)) => {
-                    let (sent_at, ping) = open.pending.pop_front().unwrap_or((Instant::now(), None));
+                    let answered = open.pending.pop_front();
                     let Some(current) = session.upgrade() else { return };
                     if reply.ttl() <= 0 {
                         current.ended();
-                        answer_all(stream.take(), Ok(false), ping);
+                        answer_all(stream.take(), Ok(false), answered.and_then(|(_, ping)| ping));
                         return;
                     }
+                    // etcd answers only what was sent, so an answer with nothing
+                    // outstanding proves nothing about when the lease was kept alive.
+                    let Some((sent_at, ping)) = answered else {
+                        tracing::debug!(lease, "keep-alive answer with none outstanding; ignored");
+                        continue;
+                    };
                     current.keeper.kept_alive(sent_at);
                     if let Some(ping) = ping {
-                        let _ = ping.send(Ok(true));
+                        ping.reply(Ok(true));
                     }
                 }
                 Ok(None) => broken(&session, &mut stream, "the keep-alive stream ended"),
@@ -492,6 +531,33 @@ fn answer_all(stream: Option<Stream>, answer: Result<bool>, extra: Option<Ping>)
         .filter_map(|(_, ping)| ping)
         .chain(extra)
     {
-        let _ = ping.send(answer.clone());
+        ping.reply(answer.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ping(asked_at: Instant) -> (Ping, oneshot::Receiver<Result<bool>>) {
+        let (answer, answered) = oneshot::channel();
+        (Ping { asked_at, answer }, answered)
+    }
+
+    /// N6: a stream whose opening keep-alive went out before a renewal asked for one does
+    /// not answer that renewal; one asked for before (or at) the send does.
+    #[test]
+    fn a_ping_is_answered_only_by_a_keep_alive_sent_after_it() {
+        let opened_at = Instant::now();
+        let (before, _) = ping(opened_at - Duration::from_millis(5));
+        let (at, _) = ping(opened_at);
+        let (after, _) = ping(opened_at + Duration::from_millis(5));
+        let (proven, later) = answered_by(vec![before, after, at], opened_at);
+        let asked = |pings: &[Ping]| pings.iter().map(|p| p.asked_at).collect::<Vec<_>>();
+        assert_eq!(
+            asked(&proven),
+            [opened_at - Duration::from_millis(5), opened_at]
+        );
+        assert_eq!(asked(&later), [opened_at + Duration::from_millis(5)]);
     }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use conformance_tests::proxy::{ProxyMode, TcpFaultProxy};
 use lock_core::{ErrorKind, LockClient};
-use support::{connect, etcd_url, leader, start_cluster};
+use support::{connect, etcd_url, leader, start_cluster, start_cluster_with_peer_proxies};
 
 const TTL: Duration = Duration::from_secs(2);
 
@@ -105,4 +105,94 @@ async fn a_member_cut_off_from_its_clients_leaves_the_others_serving() {
         .unwrap();
     assert!(last.is_some_and(|token| guard.token() > token));
     guard.release().await.unwrap();
+}
+
+/// A member is cut off from its peers (its raft links black-holed) while a holder talks
+/// only to it and a rival talks to the other two: the rival is granted the key only after
+/// the holder's deadline (so after its `lost()`), or the holder keeps the key, as the
+/// majority sees it, while the rival waits. Once healed, the key passes to the rival with
+/// a greater token.
+async fn holder_on_a_member_cut_from_its_peers(cut_the_leader: bool) {
+    let (members, proxies) = start_cluster_with_peer_proxies().await;
+    let addrs: Vec<SocketAddr> = members.iter().map(|m| m.addr()).collect();
+    let lead = leader(&addrs).await.unwrap();
+    let cut = if cut_the_leader {
+        lead
+    } else {
+        (lead + 1) % addrs.len()
+    };
+    let others: Vec<SocketAddr> = (0..addrs.len())
+        .filter(|i| *i != cut)
+        .map(|i| addrs[i])
+        .collect();
+    let holder = client(&etcd_url(&[addrs[cut]], "request_timeout_ms=1000")).await;
+    let rival = client(&etcd_url(&others, "")).await;
+    let observer = client(&etcd_url(&others, "")).await;
+    let guard = holder.lock("cut-member").ttl(TTL).await.unwrap();
+    let first = guard.token();
+    let mut waiting = tokio::spawn(async move {
+        let taken = rival
+            .lock("cut-member")
+            .ttl(TTL)
+            .wait_up_to(Duration::from_secs(60))
+            .await;
+        (taken, Instant::now())
+    });
+    proxies[cut].set_mode(ProxyMode::BlackHole);
+    if cut_the_leader {
+        // The cut is real: the others stop hearing the leader and elect one of their own.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !leader(&others)
+            .await
+            .is_ok_and(|new| others[new] != addrs[cut])
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the others never elected a new leader"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    match tokio::time::timeout(TTL * 4, &mut waiting).await {
+        Ok(done) => {
+            let (taken, taken_at) = done.unwrap();
+            let taken = taken.expect("the rival's wait failed");
+            assert!(
+                guard.lease().valid_until() <= taken_at,
+                "the rival got the key {:?} before the holder's deadline",
+                guard.lease().valid_until() - taken_at
+            );
+            assert!(!guard.is_held());
+            assert!(taken.token() > first);
+            eprintln!("cut member {cut} (leader: {cut_the_leader}): the holder lost, then the rival was granted");
+            proxies[cut].set_mode(ProxyMode::Pass);
+            assert_eq!(guard.release().await.unwrap_err().kind(), ErrorKind::Lost);
+            taken.release().await.unwrap();
+        }
+        Err(_) => {
+            // The rival still waits: the majority must still see the holder as owner.
+            let status = observer.inspect("cut-member").await.unwrap();
+            assert_eq!(status.map(|s| s.token), Some(first), "who owns the key?");
+            eprintln!("cut member {cut} (leader: {cut_the_leader}): the holder kept the key, the rival waited");
+            proxies[cut].set_mode(ProxyMode::Pass);
+            match guard.release().await {
+                Ok(()) => {}
+                Err(err) => assert_eq!(err.kind(), ErrorKind::Lost, "{err:?}"),
+            }
+            let (taken, _) = waiting.await.unwrap();
+            let taken = taken.expect("the rival never got the key after the heal");
+            assert!(taken.token() > first);
+            taken.release().await.unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_on_a_follower_cut_from_its_peers_is_never_overtaken() {
+    holder_on_a_member_cut_from_its_peers(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_on_the_leader_cut_from_its_peers_is_never_overtaken() {
+    holder_on_a_member_cut_from_its_peers(true).await;
 }

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use conformance_tests::proxy::{ProxyMode, TcpFaultProxy};
 use conformance_tests::{everything_shown, SLACK};
-use lock_core::{ErrorKind, LockClient, LockKey};
+use lock_core::backend::{AcquireRequest, Record};
+use lock_core::{ErrorKind, LeaseId, LockClient, LockKey};
 use support::{closed_addr, connect, etcd_url, etcdctl, start_etcd};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -287,22 +288,156 @@ async fn wrong_or_missing_credentials_are_permission_denied() {
     guard.release().await.unwrap();
 }
 
-/// Nothing listening, or a listener that never answers: `Unavailable` within the request
-/// time-out.
+/// Nothing listening, or a listener that accepts and never answers, with and without
+/// credentials (authenticating is a request of its own): `Unavailable` within the
+/// connect time-out, however long the request time-out is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unreachable_endpoints_are_unavailable_within_the_request_timeout() {
+async fn unreachable_endpoints_are_unavailable_within_the_connect_timeout() {
     let silent = TcpFaultProxy::start(closed_addr()).await.unwrap();
     silent.set_mode(ProxyMode::BlackHole);
     for addr in [closed_addr(), silent.addr()] {
-        let started = Instant::now();
-        let err = lock_etcd::connect(&etcd_url(&[addr], "request_timeout_ms=500"))
-            .await
-            .unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::Unavailable, "{err:?}");
-        assert!(
-            started.elapsed() <= Duration::from_millis(500) + SLACK,
-            "{addr}: gave up after {:?}",
-            started.elapsed()
-        );
+        for user in ["", "u:p@"] {
+            let url = format!(
+                "etcd://{user}{addr}/distlock-test?connect_timeout_ms=300&request_timeout_ms=5000"
+            );
+            let started = Instant::now();
+            let err = lock_etcd::connect(&url).await.unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Unavailable, "{url}: {err:?}");
+            assert!(
+                started.elapsed() <= Duration::from_millis(300) + SLACK,
+                "{url}: gave up after {:?}",
+                started.elapsed()
+            );
+        }
     }
+}
+
+/// A listener that answers every connection with an HTTP/1 error, then closes it or keeps
+/// it open (reading on) as a keep-alive HTTP/1 server does.
+async fn http1_server(keep_open: bool) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                let _ = conn.read(&mut buf).await;
+                let reply =
+                    "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+                let _ = conn.write_all(reply.as_bytes()).await;
+                while keep_open && matches!(conn.read(&mut buf).await, Ok(n) if n > 0) {}
+            });
+        }
+    });
+    addr
+}
+
+/// Another server on the port (an HTTP/1 server, a Redis): refused quickly as not an etcd
+/// server, never as an internal error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_kind_of_server_is_not_taken_for_etcd() {
+    let redis = conformance_tests::store_process::StoreProcess::start(
+        conformance_tests::store_process::StoreSpec::redis(),
+    )
+    .await
+    .unwrap();
+    for addr in [
+        http1_server(false).await,
+        http1_server(true).await,
+        redis.addr(),
+    ] {
+        for user in ["", "u:p@"] {
+            let url = format!(
+                "etcd://{user}{addr}/distlock-test?connect_timeout_ms=1000&request_timeout_ms=5000"
+            );
+            let started = Instant::now();
+            let err = lock_etcd::connect(&url).await.unwrap_err();
+            assert!(
+                matches!(
+                    err.kind(),
+                    ErrorKind::Unavailable | ErrorKind::Misconfigured
+                ),
+                "{url}: {err:?}"
+            );
+            assert!(
+                err.to_string().contains("not an etcd server"),
+                "{url}: {}",
+                everything_shown(&err)
+            );
+            assert!(
+                started.elapsed() <= Duration::from_millis(1000) + SLACK,
+                "{url}: gave up after {:?}",
+                started.elapsed()
+            );
+        }
+    }
+}
+
+/// A record write retried (the idempotent layer retries one whose reply was lost) reuses
+/// the record's etcd lease, so no lease per retry waits out the retention with nothing on
+/// it; the record lives by one lease of the retention's length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_record_writes_leave_one_lease() {
+    let server = start_etcd().await;
+    let backend = connect(&etcd_url(&[server.addr()], "")).await;
+    let mut raw = etcd_client::Client::connect([server.addr().to_string()], None)
+        .await
+        .unwrap();
+    let key = LockKey::new("records").unwrap();
+    let lease = LeaseId::random();
+    let request = AcquireRequest::new(key.clone(), TTL * 5, Duration::ZERO).with_lease_id(lease);
+    let token = backend
+        .try_acquire(&request)
+        .await
+        .unwrap()
+        .unwrap()
+        .token();
+    let record = Record {
+        value: b"done".to_vec(),
+        fingerprint: None,
+        token,
+    };
+    let retention = Duration::from_secs(3600);
+    let before = raw.leases().await.unwrap().leases().len();
+    for _ in 0..3 {
+        assert!(backend
+            .write_record(&key, lease, &record, retention)
+            .await
+            .unwrap());
+    }
+    let leases: Vec<i64> = raw
+        .leases()
+        .await
+        .unwrap()
+        .leases()
+        .iter()
+        .map(|l| l.id())
+        .collect();
+    assert_eq!(
+        leases.len(),
+        before + 1,
+        "three writes of one record left {} new leases",
+        leases.len() - before
+    );
+    let mut record_leases = Vec::new();
+    for id in leases {
+        let found = raw
+            .lease_client()
+            .time_to_live(
+                id,
+                Some(etcd_client::LeaseTimeToLiveOptions::new().with_keys()),
+            )
+            .await
+            .unwrap();
+        if found.granted_ttl() == 3600 {
+            record_leases.push(found.keys().len());
+        }
+    }
+    assert_eq!(record_leases, [1], "the record's lease and what it holds");
+    assert_eq!(
+        backend.read_record(&key).await.unwrap(),
+        Some(record.clone())
+    );
+    backend.release(&key, lease).await.unwrap();
 }

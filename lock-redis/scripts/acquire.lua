@@ -12,6 +12,17 @@ if held then
   end
   return 0
 end
-local token = redis.call('INCR', KEYS[2])
+-- A counter that is missing (a key never locked, or a server restarted without
+-- persistence, which forgets every counter) starts at the server's clock in microseconds
+-- since the epoch: above every token handed out before the restart, as long as the clock
+-- did not step back and the key averaged under a million grants a second (docs.md).
+local token
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  token = redis.call('INCR', KEYS[2])
+else
+  local now = redis.call('TIME')
+  token = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  redis.call('SET', KEYS[2], string.format('%.0f', token))
+end
 redis.call('SET', KEYS[1], ARGV[1] .. ':' .. string.format('%.0f', token) .. ':0', 'PX', ARGV[2])
 return token

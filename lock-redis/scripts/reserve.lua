@@ -8,7 +8,15 @@
 -- Stamps grow with each attempt of a lease, so the entry always carries the latest
 -- attempt's stamp: a late confirm or clean-up of an earlier attempt finds a higher stamp
 -- and leaves the entry alone, and a late reserve of an earlier attempt cannot claim it back.
-local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
+-- A missing counter (a key never locked here, or a node restarted without persistence)
+-- starts at the node's clock in microseconds since the epoch, so a majority of restarted
+-- nodes still picks a token above those handed out before (docs.md, clock assumption).
+local counter = tonumber(redis.call('GET', KEYS[2]) or '-1')
+if counter < 0 then
+  local now = redis.call('TIME')
+  counter = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  redis.call('SET', KEYS[2], string.format('%.0f', counter))
+end
 local held = redis.call('GET', KEYS[1])
 if held then
   local lease, token, stamp = string.match(held, '^(%x+):(%d+):(%w+)$')

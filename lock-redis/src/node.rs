@@ -234,8 +234,8 @@ async fn connect(
 
 /// Refuses a server that may evict keys, unless the operator accepted that: under a
 /// `volatile-*` policy Redis evicts lock entries (they have a TTL), so a live lock vanishes
-/// and a rival acquires it; under `allkeys-*` it also evicts fencing counters, so tokens
-/// start again from 1. A server that does not let us read the policy (`CONFIG` renamed or
+/// and a rival acquires it; under `allkeys-*` it also evicts fencing counters (which then
+/// start again from the server's clock). A server that does not let us read the policy (`CONFIG` renamed or
 /// denied by an ACL) is assumed to be `noeviction`, with a warning, as documented.
 async fn check_eviction(
     connection: &mut MultiplexedConnection,

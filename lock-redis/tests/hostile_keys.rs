@@ -53,7 +53,6 @@ async fn hostile_keys_are_distinct_locks_with_safe_redis_keys() {
         let key = LockKey::new(format!("{prefix}{name}")).unwrap();
         let request = AcquireRequest::new(key, ttl, default_drift_allowance(ttl));
         let lease = backend.acquire_once(&request, ttl).await.unwrap();
-        assert_eq!(lease.token().get(), 1, "{name:?} shares a counter");
         leases.push(lease);
     }
     // Bare names without the prefix are yet other keys, still free.
@@ -85,6 +84,26 @@ async fn hostile_keys_are_distinct_locks_with_safe_redis_keys() {
         tags.insert(tag.to_string());
     }
     assert_eq!(tags.len(), HOSTILE.len());
+    // Each counter holds its own key's only token: no two keys share one.
+    for lease in &leases {
+        let hex: String = lease
+            .key()
+            .as_str()
+            .bytes()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let counter: u64 = redis::cmd("GET")
+            .arg(format!("hk:{{{hex}}}:fence"))
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        assert_eq!(
+            counter,
+            lease.token().get(),
+            "{:?} shares a counter",
+            lease.key()
+        );
+    }
 
     // Releasing one leaves every other held.
     let (first, rest) = leases.split_first().unwrap();

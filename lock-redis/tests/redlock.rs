@@ -571,3 +571,57 @@ async fn a_node_reconnects_when_connecting_takes_longer_than_the_node_timeout() 
     .unwrap();
     cut(&proxies, 0);
 }
+
+/// Every node restarts without persistence (each forgets its entries and counters): the
+/// next token is still above every token handed out before, since a missing counter starts
+/// again from the node's clock, not from 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_keep_increasing_after_every_node_restarts() {
+    let mut servers = start_redis_nodes(REDLOCK_NODES).await;
+    let addrs: Vec<SocketAddr> = servers.iter().map(|s| s.addr()).collect();
+    let backend = support::connect(&redlock_url(&addrs, "")).await;
+    let key = key("restarted");
+    let mut before = FencingToken::new(0);
+    for _ in 0..3 {
+        let request = request(&key, TTL);
+        before = backend
+            .try_acquire(&request)
+            .await
+            .unwrap()
+            .unwrap()
+            .token();
+        assert!(backend
+            .release(request.key(), request.lease_id())
+            .await
+            .unwrap());
+    }
+    for server in &mut servers {
+        server.restart().await.unwrap();
+    }
+    let request = request(&key, TTL);
+    let after = within(
+        Duration::from_secs(10),
+        "an acquire after the restarts",
+        async {
+            loop {
+                match backend.try_acquire(&request).await {
+                    Err(err) if err.kind() == ErrorKind::Unavailable => continue,
+                    other => return other,
+                }
+            }
+        },
+    )
+    .await
+    .unwrap()
+    .unwrap()
+    .expect("the restarted nodes hold nothing")
+    .token();
+    assert!(
+        after > before,
+        "token {after} after the restarts is not above {before} from before them"
+    );
+    backend
+        .release(request.key(), request.lease_id())
+        .await
+        .unwrap();
+}

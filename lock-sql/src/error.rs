@@ -18,6 +18,16 @@ pub(crate) fn map(dialect: Dialect, doing: &str, err: sqlx::Error) -> Error {
     }
 }
 
+/// Whether `err` is a statement that gave up waiting for another transaction's row lock
+/// (MariaDB's lock wait time-out, 1205, which the acquire statement sets short); the
+/// statement was rolled back, so it wrote nothing.
+pub(crate) fn lock_wait_timed_out(dialect: Dialect, err: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = err else {
+        return false;
+    };
+    dialect == Dialect::MySql && error_code(db.as_ref()).as_deref() == Some("1205")
+}
+
 const UNREACHABLE: &str = "the database could not be reached or is busy";
 const REFUSED: &str = "the database refused the credentials or the operation";
 const UNEXPECTED: &str = "unexpected database error";

@@ -227,7 +227,9 @@ async fn acquire_abandoned_in_a_row_lock_wait_leaves_nothing_held(db: Database) 
     let mut setup = RawConnection::open(&db).await;
     insert_expired_row(&mut setup, &key, "1").await;
     let mut other = lock_row(&db, &key).await;
-    let request_timeout = Duration::from_millis(300);
+    // Short: on MariaDB the abandoned statement gives up on the row after one second (its
+    // lock wait time-out), and both clean-up releases must be sent well before that.
+    let request_timeout = Duration::from_millis(150);
     let client = LockClient::from_dyn(faulty.clone()).with_defaults(AcquireOptions {
         ttl: Duration::from_secs(60),
         request_timeout,
@@ -259,6 +261,106 @@ async fn acquire_abandoned_in_a_row_lock_wait_leaves_nothing_held(db: Database) 
     })
     .await
     .unwrap();
+}
+
+/// Another transaction holds the row of a key a live lease holds, for longer than the
+/// request time-out (a writer of that row that stalls). A contended acquire must not wait
+/// out that row lock: a try-lock answers `HeldByAnother` well within the request
+/// time-out, and a bounded wait ends as `TimedOut` at its bound, not as `Unavailable`
+/// after a request time-out spent waiting on the row.
+async fn contended_acquire_does_not_wait_out_a_row_lock(db: Database) {
+    let backend = db.backend().await;
+    let key = key("row-locked");
+    let holder = LeaseId::random();
+    backend
+        .try_acquire(&request(&key, Duration::from_secs(60), holder))
+        .await
+        .unwrap()
+        .unwrap();
+    // Connected first: connecting creates the table, which waits for an open transaction.
+    let contender = db.backend().await;
+    let mut other = lock_row(&db, &key).await;
+    let request_timeout = Duration::from_secs(2);
+    let client = LockClient::new(contender).with_defaults(AcquireOptions {
+        ttl: Duration::from_secs(10),
+        request_timeout,
+        ..AcquireOptions::default()
+    });
+    let started = Instant::now();
+    let tried = within(
+        Duration::from_secs(5),
+        "the try-lock",
+        client.try_lock(key.as_str()),
+    )
+    .await
+    .unwrap();
+    let err = tried.map(|guard| guard.token()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::HeldByAnother, "{err}");
+    assert!(
+        started.elapsed() < request_timeout,
+        "the try-lock took {:?}",
+        started.elapsed()
+    );
+    let wait = Duration::from_secs(3);
+    let started = Instant::now();
+    let waited = within(
+        wait + Duration::from_secs(5),
+        "the bounded wait",
+        client.lock(key.as_str()).wait_up_to(wait),
+    )
+    .await
+    .unwrap();
+    let err = waited.map(|guard| guard.token()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut, "{err}");
+    assert!(
+        started.elapsed() < wait + SLACK,
+        "the wait of {wait:?} ended after {:?}",
+        started.elapsed()
+    );
+    other.run("COMMIT").await;
+    assert!(backend.release(&key, holder).await.unwrap());
+}
+
+/// MariaDB: another transaction holds the token counter for longer than the request
+/// time-out (an acquire of another key that stalls holding it). A try-lock of a free key
+/// must still answer promptly, and as contention, not as an unreachable store.
+async fn acquire_does_not_wait_out_the_token_counter(db: Database) {
+    let backend = db.backend().await;
+    let key = key("counter-locked");
+    let mut other = RawConnection::open(&db).await;
+    other.run("BEGIN").await;
+    other
+        .run("UPDATE distlock_locks_tokens SET last_token = last_token WHERE id = 1")
+        .await;
+    let request_timeout = Duration::from_secs(2);
+    let client = LockClient::new(backend).with_defaults(AcquireOptions {
+        ttl: Duration::from_secs(10),
+        request_timeout,
+        ..AcquireOptions::default()
+    });
+    let started = Instant::now();
+    let tried = within(
+        Duration::from_secs(5),
+        "the try-lock",
+        client.try_lock(key.as_str()),
+    )
+    .await
+    .unwrap();
+    let err = tried.map(|guard| guard.token()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::HeldByAnother, "{err}");
+    assert!(
+        started.elapsed() < request_timeout,
+        "the try-lock took {:?}",
+        started.elapsed()
+    );
+    other.run("COMMIT").await;
+    client
+        .try_lock(key.as_str())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
 }
 
 /// A server process stopped with SIGSTOP until dropped.
@@ -357,6 +459,8 @@ on_database! {
         grant_after_a_long_counter_wait_is_not_handed_out_expired,
         regrant_and_renewal_never_shorten_the_expiry,
         sweep_does_not_wait_for_live_rows,
+        contended_acquire_does_not_wait_out_a_row_lock,
+        acquire_does_not_wait_out_the_token_counter,
     ],
     sqlite => [regrant_and_renewal_never_shorten_the_expiry],
 }

@@ -48,3 +48,30 @@ async fn connecting_rides_out_a_writer_on_a_new_file() {
         .await
         .unwrap();
 }
+
+/// The README's own example path on a machine without the directory: SQLite creates the
+/// file, never its directory, and retrying cannot help, so the error must say which
+/// directory is missing and must not be retryable "unreachable".
+#[tokio::test]
+async fn a_file_in_a_missing_directory_is_a_clear_non_retryable_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("myapp");
+    let url = format!("sqlite://{}", missing.join("locks.db").display());
+    let err = lock_sql::connect(&url).await.unwrap_err();
+    assert_eq!(err.kind(), lock_core::ErrorKind::Misconfigured, "{err:?}");
+    assert!(!err.is_retryable(), "{err:?}");
+    assert!(
+        err.message().contains(&missing.display().to_string()),
+        "the error does not name the missing directory: {err}"
+    );
+    // A plain file where the directory should be.
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"").unwrap();
+    let url = format!("sqlite://{}", file.join("locks.db").display());
+    let err = lock_sql::connect(&url).await.unwrap_err();
+    assert_eq!(err.kind(), lock_core::ErrorKind::Misconfigured, "{err:?}");
+    assert!(
+        err.message().contains(&file.display().to_string()),
+        "the error does not name the path: {err}"
+    );
+}

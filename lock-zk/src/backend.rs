@@ -134,7 +134,8 @@ impl ZkBackend {
                     records: true,
                     liveness: Liveness::Session,
                     min_ttl: config.min_ttl,
-                    max_ttl: config.max_ttl,
+                    // A session's timeout is its leases' TTL plus one tick.
+                    max_ttl: config.max_ttl.saturating_sub(config.tick()),
                     ..Capabilities::default()
                 },
                 sessions: Sessions::new(config.clone()),
@@ -285,7 +286,8 @@ impl ZkBackend {
         };
         let path = format!("{parent}/{name}");
         let sent_at = Instant::now();
-        match client.check_stat(&path).await {
+        let (sync, read) = (client.sync(&path), client.check_stat(&path));
+        match after_sync(sync, read).await {
             Ok(Some(stat)) if stat.ephemeral_owner == session.id => {
                 session.proved(sent_at);
                 Ok(Some(Own {
@@ -339,7 +341,8 @@ impl ZkBackend {
             return Ok(Place::First);
         }
         let sent_at = Instant::now();
-        let children = match client.list_children(&own.parent).await {
+        let (sync, read) = (client.sync(&own.parent), client.list_children(&own.parent));
+        let children = match after_sync(sync, read).await {
             Ok(children) => children,
             Err(ZkError::NoNode) => return Ok(Place::Gone),
             Err(err) => return Err(own.session.failed(err, "reading the queue")),
@@ -626,6 +629,20 @@ async fn end_unrenewed(inner: Weak<Inner>, lease: LeaseId, own: Own, keeper: Arc
     }
 }
 
+/// The answer to `read`, made just after `sync` (the client sends a request when it is
+/// made, so the sync goes out first, and the server answers a session's requests in
+/// order). A server answers a sync only while it is in contact with the leader, who alone
+/// expires sessions, so the answers prove the session alive to the leader, not only to a
+/// follower that may have lost contact with it (which goes on answering plain reads for
+/// `syncLimit × tickTime`).
+async fn after_sync<T>(
+    sync: impl std::future::Future<Output = std::result::Result<(), ZkError>>,
+    read: impl std::future::Future<Output = std::result::Result<T, ZkError>>,
+) -> std::result::Result<T, ZkError> {
+    sync.await?;
+    read.await
+}
+
 /// Deletes the node at `path`; `false` if it was not there.
 async fn delete_node(client: &Client, path: &str) -> Result<bool> {
     match client.delete(path, None).await {
@@ -690,7 +707,9 @@ impl LockBackend for ZkBackend {
                 return Ok(false);
             };
             let sent_at = Instant::now();
-            match client.check_stat(&own.path()).await {
+            let path = own.path();
+            let (sync, read) = (client.sync(&path), client.check_stat(&path));
+            match after_sync(sync, read).await {
                 Ok(Some(stat)) if stat.ephemeral_owner == own.session.id => {
                     own.proved(sent_at);
                     Ok(true)

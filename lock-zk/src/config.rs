@@ -32,12 +32,21 @@ pub enum Layout {
 /// | `connect_timeout_ms` | 2000 | bound on establishing a session |
 /// | `min_ttl_ms` | 4000 | the server's `minSessionTimeout` (ZooKeeper's default is 2 ticks) |
 /// | `max_ttl_ms` | 40000 | the server's `maxSessionTimeout` (ZooKeeper's default is 20 ticks) |
+/// | `tick_ms` | half of `min_ttl_ms` | the server's `tickTime` (a larger value is safe, a smaller one is not); every session's timeout on the server is its TTL plus one tick |
 /// | `root` | `/distlock` | parent of the per-key nodes (`layout=distlock`) |
 /// | `layout` | `distlock` | `curator`: the key is the lock path, shared with Curator and kazoo |
 ///
 /// A lease's TTL is the timeout of the session its node lives in, so TTLs are limited to
 /// what the server grants: set `min_ttl_ms`/`max_ttl_ms` to the server's settings (a
 /// session the server negotiates to another timeout is refused as `Misconfigured`).
+///
+/// In an ensemble the leader alone expires sessions, and it hears of a session's requests
+/// to a follower only at its next ping of that follower (every half tick); its expiry is
+/// also counted in whole ticks. So each session asks the server for a timeout one
+/// `tickTime` longer than its leases' TTL (the longest TTL is `max_ttl_ms` less one
+/// tick). The default, half of `min_ttl_ms`, is the largest tick a server with
+/// ZooKeeper's default `minSessionTimeout` (2 ticks) can have; set `tick_ms` to the
+/// server's `tickTime` so that a dead holder's lock is freed sooner.
 #[derive(Clone)]
 pub struct ZkConfig {
     hosts: Vec<String>,
@@ -51,6 +60,9 @@ pub struct ZkConfig {
     pub min_ttl: Duration,
     /// The longest TTL: the server's `maxSessionTimeout`.
     pub max_ttl: Duration,
+    /// The server's `tickTime` (or more); `None` for half of [`min_ttl`](Self::min_ttl).
+    /// See [`tick`](Self::tick).
+    pub tick_time: Option<Duration>,
     /// Parent of the per-key lock nodes in the [`Layout::Distlock`] layout.
     pub root: String,
     /// Where the lock nodes of each key live.
@@ -106,6 +118,12 @@ impl ZkConfig {
             connect_timeout: millis(&mut url, "connect_timeout_ms", defaults.connect_timeout)?,
             min_ttl: millis(&mut url, "min_ttl_ms", defaults.min_ttl)?,
             max_ttl: millis(&mut url, "max_ttl_ms", defaults.max_ttl)?,
+            tick_time: match url
+                .take_parsed::<u64>("tick_ms", "a positive number of milliseconds")?
+            {
+                Some(0) => return Err(url.error("tick_ms=0 is not a positive number")),
+                ms => ms.map(Duration::from_millis),
+            },
             root: url.take_param("root").unwrap_or(defaults.root),
             layout,
             hosts,
@@ -127,6 +145,7 @@ impl ZkConfig {
             connect_timeout: Duration::from_secs(2),
             min_ttl: Duration::from_secs(4),
             max_ttl: Duration::from_secs(40),
+            tick_time: None,
             root: "/distlock".to_string(),
             layout: Layout::Distlock,
         }
@@ -158,6 +177,20 @@ impl ZkConfig {
                 "min_ttl_ms is above max_ttl_ms",
             ));
         }
+        if self.tick() >= self.min_ttl {
+            return Err(Error::new(
+                lock_core::ErrorKind::InvalidInput,
+                "tick_ms must be below min_ttl_ms (ZooKeeper's minSessionTimeout is 2 ticks \
+                 unless set otherwise)",
+            ));
+        }
+        if self.min_ttl.saturating_add(self.tick()) > self.max_ttl {
+            return Err(Error::new(
+                lock_core::ErrorKind::InvalidInput,
+                "min_ttl_ms plus tick_ms is above max_ttl_ms: a session's timeout is its TTL \
+                 plus one tick",
+            ));
+        }
         for (name, path) in [
             ("chroot", self.chroot.as_str()),
             ("root", self.root.as_str()),
@@ -173,6 +206,12 @@ impl ZkConfig {
             })?;
         }
         Ok(())
+    }
+
+    /// The tick added to every session's timeout on the server:
+    /// [`tick_time`](Self::tick_time), or half of [`min_ttl`](Self::min_ttl) when unset.
+    pub fn tick(&self) -> Duration {
+        self.tick_time.unwrap_or(self.min_ttl / 2)
     }
 
     /// The connect string for the client: hosts and chroot, no credentials.
@@ -197,6 +236,7 @@ impl fmt::Debug for ZkConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("min_ttl", &self.min_ttl)
             .field("max_ttl", &self.max_ttl)
+            .field("tick_time", &self.tick_time)
             .field("root", &self.root)
             .field("layout", &self.layout)
             .finish()
@@ -218,7 +258,10 @@ mod tests {
         assert_eq!(config.session_timeout, Duration::from_millis(3000));
         assert_eq!(config.min_ttl, Duration::from_millis(200));
         assert_eq!(config.layout, Layout::Curator);
+        assert_eq!(config.tick(), Duration::from_millis(100));
         assert!(!format!("{config:?}").contains("cret"));
+        let ticked = ZkConfig::from_url("zk://h?tick_ms=2000").unwrap();
+        assert_eq!(ticked.tick(), Duration::from_millis(2000));
     }
 
     #[test]
@@ -229,6 +272,10 @@ mod tests {
             "zk://h:1?layout=other",
             "zk://h:1?min_ttl_ms=0",
             "zk://h:1?min_ttl_ms=9000&max_ttl_ms=100",
+            "zk://h:1?tick_ms=0",
+            "zk://h:1?tick_ms=4000",
+            "zk://h:1?min_ttl_ms=200&tick_ms=200",
+            "zk://h:1?min_ttl_ms=200&max_ttl_ms=250&tick_ms=100",
             "zk://u:secret@h:1?root=no-slash",
         ] {
             let err = ZkConfig::from_url(url).unwrap_err();

@@ -37,8 +37,10 @@ impl ZkSession {
         })
     }
 
-    /// A request sent at `sent_at` was answered in this session: the server kept the
-    /// session alive from no earlier than that send.
+    /// A request sent at `sent_at`, which the leader took part in (a write, or a `sync`
+    /// before a read), was answered in this session: the leader counts the session alive
+    /// from no earlier than that send, less one tick, and the session's timeout on the
+    /// server is one tick longer than its leases' TTL (see [`open_session`]).
     pub(crate) fn proved(&self, sent_at: Instant) {
         self.keeper.kept_alive(sent_at);
     }
@@ -111,15 +113,29 @@ impl Sessions {
     }
 }
 
-/// Connects a new session with timeout `ttl`.
+/// Connects a new session for leases of `ttl`.
+///
+/// The session's timeout on the server is `ttl` plus one tick (`tick_ms`). In an ensemble
+/// the leader alone expires sessions, and it hears of a session's requests to a follower
+/// only at its next ping of that follower (every half tick), so it may count the session
+/// from up to that much before the send of an answered request; it also buckets expiry
+/// times by tick. The extra tick on the server keeps the local deadline (send + `ttl` −
+/// drift) before the leader's expiry.
 pub(crate) async fn open_session(config: &ZkConfig, ttl: Duration) -> Result<ZkSession> {
+    if !ttl.subsec_nanos().is_multiple_of(1_000_000) {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!("zookeeper: session timeouts are whole milliseconds; the TTL {ttl:?} is not"),
+        ));
+    }
+    let timeout = ttl.saturating_add(config.tick());
     let sent_at = Instant::now();
-    let client = connect(config, ttl).await?;
-    if client.session_timeout() != ttl {
+    let client = connect(config, timeout).await?;
+    if client.session_timeout() != timeout {
         return Err(Error::misconfigured(format!(
-            "zookeeper: the server granted a session timeout of {:?} for a TTL of {ttl:?}; \
-             set min_ttl_ms and max_ttl_ms to the server's minSessionTimeout and \
-             maxSessionTimeout",
+            "zookeeper: the server granted a session timeout of {:?} where {timeout:?} was asked \
+             (the TTL {ttl:?} plus one tick); set min_ttl_ms and max_ttl_ms to the server's \
+             minSessionTimeout and maxSessionTimeout, and tick_ms to its tickTime",
             client.session_timeout()
         )));
     }
@@ -177,23 +193,37 @@ async fn follow(session: Weak<ZkSession>) {
             }
             () = tokio::time::sleep_until(next_keep_alive) => {
                 let Some(session) = session.upgrade() else { return };
+                // Counted from the send, not the answer: a slow answer must not push the
+                // next keep-alive past the deadline the last one set.
+                next_keep_alive = tokio::time::Instant::now() + ttl / 3;
                 keep_alive(&session).await;
                 if session.keeper.status().expired {
                     return;
                 }
-                next_keep_alive = tokio::time::Instant::now() + ttl / 3;
             }
         }
     }
 }
 
-/// One keep-alive: a request the server answers only for a live session.
+/// One keep-alive: a `sync`, which the server answers only while it is in contact with the
+/// leader (who alone expires sessions), then a read, answered only for a live session. A
+/// read alone would be answered by a follower cut off from the leader, for as long as the
+/// follower takes to notice (`syncLimit × tickTime`), while the leader counts the session
+/// down.
 async fn keep_alive(session: &ZkSession) {
     let Ok(client) = session.client() else {
         return;
     };
     let sent_at = Instant::now();
-    match tokio::time::timeout(session.ttl, client.check_stat("/")).await {
+    // The client sends a request when it is made: both go out now, in this order, and the
+    // server answers a session's requests in order.
+    let sync = client.sync("/");
+    let read = client.check_stat("/");
+    let proof = async {
+        sync.await?;
+        read.await
+    };
+    match tokio::time::timeout(session.ttl, proof).await {
         Ok(Ok(_)) => session.proved(sent_at),
         Ok(Err(err)) if ends_session(&err) => session.end(),
         _ => session.keeper.disconnected(),

@@ -21,14 +21,17 @@ use super::{free_port, StoreProcessError, StoreSpec};
 const SINGLE_TIMING: (&str, &str) = ("10", "50");
 const CLUSTER_TIMING: (&str, &str) = ("50", "500");
 
-/// One member of a test cluster: its name and peer port, chosen before any member starts
+/// One member of a test cluster: its name and peer ports, chosen before any member starts
 /// because every member must name all its peers at its first start.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EtcdMember {
     /// The member's name in the cluster.
     pub name: String,
-    /// The loopback port raft traffic goes to.
+    /// The loopback port the member listens on for raft traffic.
     pub peer_port: u16,
+    /// The port the other members send its raft traffic to: `peer_port`, or the port of
+    /// a fault proxy in front of it (see [`EtcdMember::advertised_at`]).
+    pub advertised_peer_port: u16,
 }
 
 impl EtcdMember {
@@ -36,15 +39,30 @@ impl EtcdMember {
     pub fn cluster(count: usize) -> Result<Vec<EtcdMember>, StoreProcessError> {
         (0..count)
             .map(|index| {
+                let peer_port = free_port()?;
                 Ok(EtcdMember {
                     name: format!("m{index}"),
-                    peer_port: free_port()?,
+                    peer_port,
+                    advertised_peer_port: peer_port,
                 })
             })
             .collect()
     }
 
+    /// The same member, reached by the others on `port` (a proxy forwarding to its
+    /// `peer_port`), so its links to its peers can be cut while clients still reach it.
+    /// Every connection a peer opens to this member goes through that port; those it
+    /// opens to its peers go through theirs.
+    pub fn advertised_at(mut self, port: u16) -> Self {
+        self.advertised_peer_port = port;
+        self
+    }
+
     fn peer_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.advertised_peer_port)
+    }
+
+    fn listen_peer_url(&self) -> String {
         format!("http://127.0.0.1:{}", self.peer_port)
     }
 }
@@ -68,6 +86,7 @@ impl StoreSpec {
             .collect();
         let initial_cluster = initial_cluster.join(",");
         let (name, peer_url) = (member.name.clone(), member.peer_url());
+        let listen_peer_url = member.listen_peer_url();
         let (heartbeat, election) = if all.len() == 1 {
             SINGLE_TIMING
         } else {
@@ -86,7 +105,7 @@ impl StoreSpec {
                     "--advertise-client-urls",
                     &client_url,
                     "--listen-peer-urls",
-                    &peer_url,
+                    &listen_peer_url,
                     "--initial-advertise-peer-urls",
                     &peer_url,
                     "--initial-cluster",

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // Each test binary uses its own subset.
 
+pub mod pty;
+
 use std::io::{BufRead as _, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
@@ -212,6 +214,79 @@ impl Drop for Running {
                 .status();
         }
     }
+}
+
+/// `command` in a process group of its own, as a shell with job control starts a job (so
+/// that a signal to the job does not reach the test).
+pub fn as_job(mut command: Command) -> Command {
+    use std::os::unix::process::CommandExt as _;
+    command.process_group(0);
+    command
+}
+
+impl Running {
+    /// Sends `signal` to distlock's process group, as a shell's `kill %1` or the terminal
+    /// (for Ctrl-Z) would: the process must have been started [`as_job`].
+    pub fn signal_job(&self, signal: &str) {
+        send_signal_to_group(self.pid, signal);
+    }
+}
+
+/// Sends `signal` to the process group `group` through kill(1).
+pub fn send_signal_to_group(group: u32, signal: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg("--")
+        .arg(format!("-{group}"))
+        .status()
+        .expect("kill(1) runs");
+    assert!(status.success(), "kill -{signal} -- -{group} failed");
+}
+
+/// The one child of `pid` (distlock's command), waiting for it to be started.
+pub fn child_of(pid: u32) -> u32 {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let children: Vec<u32> = std::fs::read_dir("/proc")
+            .expect("/proc")
+            .filter_map(Result::ok)
+            .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|&candidate| stat_field(candidate, 1).as_deref() == Some(&pid.to_string()))
+            .collect();
+        match children[..] {
+            [child] => return child,
+            [] => assert!(Instant::now() < deadline, "pid {pid} has no child"),
+            _ => panic!("pid {pid} has several children: {children:?}"),
+        }
+        // Polling /proc: no event says that another process forked.
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The state letter of `pid` ("T" stopped, "S" sleeping, "R" running, "Z" zombie).
+pub fn state_of(pid: u32) -> Option<String> {
+    stat_field(pid, 0)
+}
+
+/// Waits (with a deadline) until `pid` is stopped.
+pub fn wait_stopped(pid: u32) {
+    let deadline = Instant::now() + PATIENCE;
+    while state_of(pid).as_deref() != Some("T") {
+        assert!(
+            Instant::now() < deadline,
+            "pid {pid} not stopped after {PATIENCE:?} (state {:?})",
+            state_of(pid)
+        );
+        // Polling /proc: a stop of another parent's child has no event we can wait on.
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Field `index` after the command name of /proc/PID/stat (0 is the state, 1 the parent).
+fn stat_field(pid: u32, index: usize) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(index).map(str::to_string)
 }
 
 /// Sends `signal` to `pid` through kill(1).

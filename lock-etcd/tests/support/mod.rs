@@ -46,6 +46,39 @@ async fn try_start_cluster() -> Result<Vec<StoreProcess>, String> {
         .collect()
 }
 
+/// A private three-member cluster whose raft links run through fault proxies: every
+/// connection a member opens to member `i` goes through `proxies[i]`, so black-holing it
+/// cuts `i` off from what its peers send it and from answering them on their
+/// connections, while its clients still reach it on its client port. (Connections that
+/// `i` opens to its peers go through their proxies and stay up: with one advertised URL
+/// per member, etcd gives no finer cut.)
+pub async fn start_cluster_with_peer_proxies() -> (Vec<StoreProcess>, Vec<Arc<TcpFaultProxy>>) {
+    let mut members = EtcdMember::cluster(3).unwrap();
+    let peer_ports: Vec<u16> = members.iter().map(|m| m.peer_port).collect();
+    let mut proxies = Vec::new();
+    for member in &mut members {
+        let target = SocketAddr::from((Ipv4Addr::LOCALHOST, member.peer_port));
+        // The peer ports are free but not yet bound: a proxy must not take one.
+        let proxy = loop {
+            let proxy = TcpFaultProxy::start(target).await.unwrap();
+            if !peer_ports.contains(&proxy.addr().port()) {
+                break proxy;
+            }
+        };
+        *member = member.clone().advertised_at(proxy.addr().port());
+        proxies.push(Arc::new(proxy));
+    }
+    let starts = members
+        .iter()
+        .map(|member| StoreProcess::start(StoreSpec::etcd_member(member, &members)));
+    let servers = futures_util::future::join_all(starts)
+        .await
+        .into_iter()
+        .map(|started| started.unwrap_or_else(|err| panic!("cannot start an etcd member: {err}")))
+        .collect();
+    (servers, proxies)
+}
+
 /// A URL over `addrs` with the test options and `extra` (`"a=b"`, may be empty).
 pub fn etcd_url(addrs: &[SocketAddr], extra: &str) -> String {
     let hosts: Vec<String> = addrs.iter().map(ToString::to_string).collect();

@@ -9,6 +9,14 @@
 -- columns assigned after it, except expires_at, whose condition and value come out the
 -- same with the old or the new lease_id. The token was drawn by the insert trigger, under
 -- the counter row's lock, before the key row's lock, so tokens follow grant order.
+-- A contended acquire waits at most one second (the shortest InnoDB lock wait time-out)
+-- for the key's row or the token counter, which another transaction holds only while it
+-- writes them: past that the statement is rolled back (error 1205, nothing written) and
+-- the backend answers "held by another" instead of spending the request time-out, or the
+-- statement time-out, waiting behind a stalled writer. Every other acquire waits behind
+-- the counter while a statement holds it, so a statement stuck on a row would otherwise
+-- hold up acquires of every key.
+SET STATEMENT innodb_lock_wait_timeout = 1 FOR
 INSERT INTO {table} (lock_key, lease_id, token, expires_at) VALUES (?, ?, 0, {now} + ?)
 ON DUPLICATE KEY UPDATE
     token = IF(expires_at <= {now}, VALUES(token), token),

@@ -20,7 +20,7 @@ use sqlx::{AssertSqlSafe, ColumnIndex, Database, Decode, Encode, Executor, IntoA
 use sqlx::{Pool, Row, SqlSafeStr, SqlStr, Type};
 
 use crate::config::{Dialect, SqlConfig};
-use crate::error::map;
+use crate::error::{lock_wait_timed_out, map};
 
 /// How long after the statement time-out a statement's answer may still arrive before its
 /// connection is given up: the server's own cancellation needs a round trip to report.
@@ -176,6 +176,9 @@ pub(crate) struct Ops<DB: Database> {
     pub(crate) dialect: Dialect,
     /// How long a statement's answer is awaited before its connection is given up.
     pub(crate) answer_within: Duration,
+    /// The database file (SQLite), to explain a file that cannot be opened.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    file: Option<String>,
 }
 
 impl<DB> Ops<DB>
@@ -201,12 +204,30 @@ where
             sql: Statements::new(text, &config.table),
             dialect: config.dialect(),
             answer_within: config.statement_timeout + ANSWER_GRACE,
+            file: config.file().map(str::to_owned),
         }
     }
 
     fn fail(&self, doing: &str) -> impl FnOnce(sqlx::Error) -> Error + '_ {
         let doing = doing.to_owned();
         move |err| map(self.dialect, &doing, err)
+    }
+
+    /// Maps a failure to open a connection; a SQLite file that cannot be opened for a
+    /// reason retrying cannot mend (its directory is missing) says so instead of
+    /// "unreachable".
+    fn connect_failed(&self, doing: &str, err: sqlx::Error) -> Error {
+        let doing = format!("{doing} (connecting)");
+        #[cfg(feature = "sqlite")]
+        if let Some(why) = self
+            .file
+            .as_deref()
+            .and_then(|file| sqlite::cannot_open(file, &err))
+        {
+            return Error::new(ErrorKind::Misconfigured, format!("{doing} failed: {why}"))
+                .with_source(err);
+        }
+        map(self.dialect, &doing, err)
     }
 
     /// Runs `statement` on a pooled connection, awaiting its answer for at most the
@@ -224,7 +245,7 @@ where
             .pool
             .acquire()
             .await
-            .map_err(self.fail(&format!("{doing} (connecting)")))?;
+            .map_err(|err| self.connect_failed(doing, err))?;
         let answer = with_timeout(self.answer_within, doing, async {
             statement(&mut conn)
                 .await
@@ -265,8 +286,22 @@ where
             .bind(key.as_str().to_owned())
             .bind(lease.clone())
             .bind(ttl_ms);
+        let dialect = self.dialect;
         let row = self
-            .on_connection("acquire", move |conn| Box::pin(query.fetch_optional(conn)))
+            .on_connection("acquire", move |conn| {
+                Box::pin(async move {
+                    match query.fetch_optional(conn).await {
+                        // Another transaction is writing the key's row (or drawing a token)
+                        // and did not finish within the statement's short lock wait: the
+                        // key is contended, and nothing was written.
+                        Err(err) if lock_wait_timed_out(dialect, &err) => {
+                            tracing::debug!(%err, "acquire gave up waiting for a row lock");
+                            Ok(None)
+                        }
+                        answer => answer,
+                    }
+                })
+            })
             .await?;
         let Some(row) = row else {
             return Ok(None);

@@ -1,5 +1,6 @@
 //! SQLite: one database file in WAL mode shared by the processes of one machine.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteQueryResult, SqliteSynchronous};
@@ -64,6 +65,34 @@ async fn use_wal(conn: &mut SqliteConnection) -> sqlx::Result<()> {
             }
             done => return done.map(drop),
         }
+    }
+}
+
+/// Why `file` cannot be opened, when `err` is SQLITE_CANTOPEN for a reason retrying cannot
+/// mend: the directory it should be in is missing (SQLite creates the file, never its
+/// directory) or is not a directory. `None` otherwise.
+pub(crate) fn cannot_open(file: &str, err: &sqlx::Error) -> Option<String> {
+    let sqlx::Error::Database(db) = err else {
+        return None;
+    };
+    let code = db.code()?.parse::<u32>().ok()?;
+    // SQLITE_CANTOPEN.
+    if code & 0xff != 14 {
+        return None;
+    }
+    let dir = Path::new(file)
+        .parent()
+        .filter(|dir| !dir.as_os_str().is_empty())?;
+    match std::fs::metadata(dir) {
+        Err(missing) if missing.kind() == std::io::ErrorKind::NotFound => Some(format!(
+            "the directory {} of the SQLite database file does not exist: create it (SQLite              creates the file, not its directory), or correct the URL's path",
+            dir.display()
+        )),
+        Ok(meta) if !meta.is_dir() => Some(format!(
+            "{} is not a directory, so the SQLite database file cannot be created in it:              correct the URL's path",
+            dir.display()
+        )),
+        _ => None,
     }
 }
 

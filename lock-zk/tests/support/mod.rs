@@ -164,3 +164,89 @@ impl BackendFactory for ZkFactory {
         )
     }
 }
+
+/// A three-server ensemble whose quorum links (each follower's connection to the leader)
+/// run through fault proxies: `links[(from, to)]` carries member `from`'s connection to
+/// member `to`'s quorum port, so one follower can be cut from the leader while clients
+/// still reach it. Election links are direct.
+pub struct ProxiedEnsemble {
+    /// The members, `servers[i]` being member `i + 1`.
+    pub servers: Vec<StoreProcess>,
+    links: std::collections::HashMap<(u8, u8), TcpFaultProxy>,
+}
+
+impl ProxiedEnsemble {
+    /// Starts the proxies, then the three members at once.
+    pub async fn start() -> Self {
+        let ports = || free_port().unwrap();
+        let peers: Vec<ZookeeperPeer> = (1..=3u8)
+            .map(|id| ZookeeperPeer {
+                id,
+                quorum_port: ports(),
+                election_port: ports(),
+            })
+            .collect();
+        let mut links = std::collections::HashMap::new();
+        for from in &peers {
+            for to in peers.iter().filter(|to| to.id != from.id) {
+                let target = SocketAddr::from((Ipv4Addr::LOCALHOST, to.quorum_port));
+                links.insert(
+                    (from.id, to.id),
+                    TcpFaultProxy::start(target).await.unwrap(),
+                );
+            }
+        }
+        // Each member sees the others' quorum ports through its own proxies.
+        let view = |me: u8| -> Vec<ZookeeperPeer> {
+            peers
+                .iter()
+                .map(|peer| match links.get(&(me, peer.id)) {
+                    Some(proxy) => ZookeeperPeer {
+                        quorum_port: proxy.addr().port(),
+                        ..*peer
+                    },
+                    None => *peer,
+                })
+                .collect()
+        };
+        let (a, b, c) = tokio::join!(
+            StoreProcess::start(StoreSpec::zookeeper_member(1, &view(1))),
+            StoreProcess::start(StoreSpec::zookeeper_member(2, &view(2))),
+            StoreProcess::start(StoreSpec::zookeeper_member(3, &view(3))),
+        );
+        let started = |r: Result<StoreProcess, _>| {
+            r.unwrap_or_else(|e| panic!("cannot start ZooKeeper: {e}"))
+        };
+        ProxiedEnsemble {
+            servers: vec![started(a), started(b), started(c)],
+            links,
+        }
+    }
+
+    /// The index in `servers` of the member in `mode` (`leader` or `follower`), waiting
+    /// until one is.
+    pub async fn member_in(&self, mode: &str) -> usize {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            for (index, server) in self.servers.iter().enumerate() {
+                if conformance_tests::store_process::zookeeper_mode(server.addr())
+                    .await
+                    .is_ok_and(|m| m == mode)
+                {
+                    return index;
+                }
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {mode} in the ensemble"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Sets the mode of member `from`'s link to member `to` (indexes in `servers`).
+    pub fn link(&self, from: usize, to: usize, mode: ProxyMode) {
+        let id = |index: usize| u8::try_from(index + 1).unwrap();
+        self.links[&(id(from), id(to))].set_mode(mode);
+    }
+}

@@ -1,0 +1,64 @@
+//! Faults inside a ZooKeeper ensemble: a follower cut off from its leader while its
+//! clients still reach it.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use conformance_tests::harness::{granted_within, spawn_lock};
+use conformance_tests::proxy::ProxyMode;
+use conformance_tests::SLACK;
+use lock_core::{AcquireOptions, Backoff, LockClient, Wait};
+
+use support::{connect, zk_url, ProxiedEnsemble};
+
+/// The test ensemble's `syncLimit × tickTime`: how long a follower cut off from its
+/// leader keeps serving its clients.
+const FOLLOWER_GIVES_UP: Duration = Duration::from_millis(20 * 100);
+
+/// A holder connected to a follower that is cut off from the leader: the follower keeps
+/// answering reads until it gives up on the leader, but the leader counts the holder's
+/// session down from the follower's last report, and expires it and grants the key to a
+/// rival on the leader. The holder's `lost()` must come no later than that grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_cut_from_its_leader_loses_the_lock_before_the_rival_gets_it() {
+    let ensemble = ProxiedEnsemble::start().await;
+    let leader = ensemble.member_in("leader").await;
+    let follower = (0..3).find(|&i| i != leader).unwrap();
+    let holder =
+        LockClient::from_dyn(connect(&zk_url(&[ensemble.servers[follower].addr()], "")).await);
+    let rival =
+        LockClient::from_dyn(connect(&zk_url(&[ensemble.servers[leader].addr()], "")).await);
+    let key = format!("ensemble-{:016x}/follower-cut", fastrand::u64(..));
+    let ttl = Duration::from_millis(1000);
+    let guard = holder.lock(&key).ttl(ttl).await.unwrap();
+    // Lands the cut anywhere in the keep-alive cycle.
+    tokio::time::sleep(Duration::from_millis(fastrand::u64(0..400))).await;
+    ensemble.link(follower, leader, ProxyMode::BlackHole);
+    let cut_at = Instant::now();
+    let options = AcquireOptions {
+        wait: Wait::UpTo(FOLLOWER_GIVES_UP + ttl * 10),
+        backoff: Backoff {
+            initial: Duration::from_millis(1),
+            max: Duration::from_millis(10),
+        },
+        ..AcquireOptions::default()
+    };
+    let waiting = spawn_lock(rival.clone(), &key, options);
+    tokio::time::timeout(FOLLOWER_GIVES_UP + ttl + SLACK, guard.lost())
+        .await
+        .expect("lost() after the follower was cut off");
+    let (taken, got_at) = granted_within(FOLLOWER_GIVES_UP + ttl * 8, "rival", waiting)
+        .await
+        .unwrap();
+    let valid_until = guard.lease().valid_until();
+    assert!(
+        valid_until <= got_at,
+        "the rival got the key {:?} before the holder's deadline (cut at +0, grant at {:?})",
+        valid_until - got_at,
+        got_at - cut_at
+    );
+    assert!(taken.token() > guard.token());
+    taken.release().await.unwrap();
+}
