@@ -23,7 +23,7 @@ pub enum Op {
     Renew,
     /// `release`.
     Release,
-    /// `inspect`.
+    /// `inspect` and `list_held`.
     Inspect,
     /// `watch` and `watch_turn`, and the notifications they deliver.
     Watch,
@@ -329,6 +329,11 @@ impl LockBackend for FaultyBackend {
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
         self.faulted(Op::Inspect, self.inner.inspect(key)).await
+    }
+
+    async fn list_held(&self, prefix: &str, limit: usize) -> Result<Vec<(LockKey, HolderInfo)>> {
+        self.faulted(Op::Inspect, self.inner.list_held(prefix, limit))
+            .await
     }
 
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {

@@ -5,9 +5,12 @@ use std::sync::Arc;
 
 use crate::backend::{with_timeout, DynBackend, LockBackend};
 use crate::engine::ClientCore;
-use crate::error::Result;
+use tracing::Instrument;
+
+use crate::error::{Error, ErrorKind, Result};
 use crate::idempotent::IdempotentRequest;
 use crate::key::LockKey;
+use crate::lease::FencingToken;
 use crate::once::OnceRequest;
 use crate::options::AcquireOptions;
 use crate::owner::LockOwner;
@@ -103,6 +106,81 @@ impl LockClient {
         )
         .await?;
         Ok(info.map(LockStatus::from))
+    }
+
+    /// The keys starting with `prefix` that are held right now, with what
+    /// [`inspect`](Self::inspect) tells of each, at most `limit` of them, in key order:
+    /// for an operator looking for a stuck key. [`ErrorKind::Unsupported`] on a backend
+    /// that cannot list its keys.
+    ///
+    /// [`ErrorKind::Unsupported`]: crate::ErrorKind::Unsupported
+    pub async fn list(
+        &self,
+        prefix: impl AsRef<str>,
+        limit: usize,
+    ) -> Result<Vec<(LockKey, LockStatus)>> {
+        let held = with_timeout(
+            self.defaults.request_timeout,
+            "list_held",
+            self.core.backend.list_held(prefix.as_ref(), limit),
+        )
+        .await?;
+        Ok(held
+            .into_iter()
+            .map(|(key, info)| (key, LockStatus::from(info)))
+            .collect())
+    }
+
+    /// Releases `key` on behalf of its holder, identified by its fencing `token` (what
+    /// [`inspect`](Self::inspect) or [`list`](Self::list) shows): the way out of a key
+    /// whose holder is stuck but alive and renewing. Refused with
+    /// [`ErrorKind::HeldByAnother`] when the key is held under another token (it moved
+    /// on), and with [`ErrorKind::InvalidInput`] when nobody holds it. The holder learns
+    /// of it at its next renewal, as of any loss; whatever it still does is fenced out by
+    /// the next holder's greater token.
+    ///
+    /// [`ErrorKind::HeldByAnother`]: crate::ErrorKind::HeldByAnother
+    /// [`ErrorKind::InvalidInput`]: crate::ErrorKind::InvalidInput
+    pub async fn break_lock(&self, key: impl AsRef<str>, token: FencingToken) -> Result<()> {
+        let key = LockKey::new(key)?;
+        let backend = &self.core.backend;
+        let timeout = self.defaults.request_timeout;
+        let span = tracing::info_span!("distlock.break", backend = backend.name(), key = %key, %token, outcome = tracing::field::Empty);
+        let result = async {
+            let holder = with_timeout(timeout, "inspect", backend.inspect(&key)).await?;
+            let Some(holder) = holder else {
+                return Err(Error::invalid(format!("{:?} is not held", key.as_str())));
+            };
+            if holder.token != token {
+                return Err(Error::new(
+                    ErrorKind::HeldByAnother,
+                    format!(
+                        "{:?} is held under token {}, not {token}: the lock moved on",
+                        key.as_str(),
+                        holder.token
+                    ),
+                ));
+            }
+            // By lease id: whatever happened since the look, no later holder is touched.
+            let released =
+                with_timeout(timeout, "release", backend.release(&key, holder.lease_id)).await?;
+            if released {
+                tracing::warn!(key = %key, %token, "lock broken by an operator");
+                Ok(())
+            } else {
+                Err(Error::new(
+                    ErrorKind::HeldByAnother,
+                    format!(
+                        "{:?}: the holder of token {token} let go or expired meanwhile",
+                        key.as_str()
+                    ),
+                ))
+            }
+        }
+        .instrument(span.clone())
+        .await;
+        span.record("outcome", crate::engine::outcome_name(&result));
+        result
     }
 
     /// A once-per-window ticket for `key`: the job runs on whichever replica gets it, and

@@ -11,6 +11,7 @@ pub mod cleanup;
 pub mod exclusion;
 pub mod idempotent;
 pub mod input;
+pub mod operator;
 pub mod ownership;
 pub mod patterns;
 pub mod recovery;
@@ -206,4 +207,5 @@ scenarios! {
     input::hostile_keys_stay_in_their_namespace => Nothing,
     input::ten_thousand_keys_held_at_once => Nothing,
     input::resource_hygiene => Nothing,
+    operator::operator_lists_and_breaks_held_keys => Nothing,
 }

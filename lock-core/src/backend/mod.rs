@@ -224,6 +224,17 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
     /// Who holds `key`, or `None` if it is free (expired leases count as free).
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>>;
 
+    /// Every live lease whose key starts with `prefix`, at most `limit` of them, in key
+    /// order: for operators looking for a stuck key. The default refuses with
+    /// [`ErrorKind::Unsupported`].
+    async fn list_held(&self, prefix: &str, limit: usize) -> Result<Vec<(LockKey, HolderInfo)>> {
+        let _ = (prefix, limit);
+        Err(Error::new(
+            ErrorKind::Unsupported,
+            format!("{} cannot list its held keys", self.name()),
+        ))
+    }
+
     /// Subscribes to changes of `key`. `Ok(None)` (the default) means the backend has no
     /// native notification and waiters poll.
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {
@@ -481,6 +492,13 @@ macro_rules! forward_backend {
             }
             async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
                 (**self).inspect(key).await
+            }
+            async fn list_held(
+                &self,
+                prefix: &str,
+                limit: usize,
+            ) -> Result<Vec<(LockKey, HolderInfo)>> {
+                (**self).list_held(prefix, limit).await
             }
             async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {
                 (**self).watch(key).await

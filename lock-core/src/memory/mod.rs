@@ -427,6 +427,31 @@ impl LockBackend for MemoryBackend {
             }))
     }
 
+    async fn list_held(&self, prefix: &str, limit: usize) -> Result<Vec<(LockKey, HolderInfo)>> {
+        let mut keys: Vec<LockKey> = {
+            self.reachable()?;
+            let state = lock(&self.store.state);
+            state
+                .locks
+                .keys()
+                .filter(|key| key.as_str().starts_with(prefix))
+                .cloned()
+                .collect()
+        };
+        keys.sort();
+        let mut held = Vec::new();
+        for key in keys {
+            if held.len() == limit {
+                break;
+            }
+            // Through `inspect`, so expired entries are skipped and waiters counted alike.
+            if let Some(info) = self.inspect(&key).await? {
+                held.push((key, info));
+            }
+        }
+        Ok(held)
+    }
+
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {
         self.reachable()?;
         Ok(Some(self.store.releases.watch(key.as_str())))
