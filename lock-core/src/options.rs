@@ -73,6 +73,43 @@ impl Backoff {
             .min(self.max);
         cap.mul_f64(fastrand::f64())
     }
+
+    /// Runs `attempt` until the store answers it: an error that says the store could not
+    /// be reached ([`ErrorKind::Unavailable`], [`ErrorKind::TimedOut`]) is tried again
+    /// after a pause of this backoff, for as long as `keep_trying` holds; any other
+    /// outcome is returned at once. Returns the last outcome and how many tries it took.
+    ///
+    /// For clean-ups that must reach the store eventually (a release, leaving a queue,
+    /// deleting a node), which are safe to repeat.
+    ///
+    /// [`ErrorKind::Unavailable`]: crate::ErrorKind::Unavailable
+    /// [`ErrorKind::TimedOut`]: crate::ErrorKind::TimedOut
+    pub async fn retry_while<T, F, Fut>(
+        &self,
+        mut keep_trying: impl FnMut() -> bool,
+        mut attempt: F,
+    ) -> (crate::Result<T>, u32)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = crate::Result<T>>,
+    {
+        let mut tries = 0;
+        loop {
+            let outcome = attempt().await;
+            tries += 1;
+            match &outcome {
+                Err(err)
+                    if matches!(
+                        err.kind(),
+                        crate::ErrorKind::Unavailable | crate::ErrorKind::TimedOut
+                    ) && keep_trying() =>
+                {
+                    tokio::time::sleep(self.pause(tries - 1)).await;
+                }
+                _ => return (outcome, tries),
+            }
+        }
+    }
 }
 
 /// Everything about one acquisition except the key.

@@ -96,47 +96,48 @@ impl CleanupOf {
     /// Tries until the store answers; `false` when it stopped without an answer (the
     /// entry has expired anyway, or the store refused for good).
     async fn run_until_answered(&self, live: &DynBackend, give_up: Option<Instant>) -> bool {
-        let mut attempt = 0;
-        loop {
-            let result = match self.what {
-                Cleanup::Release => with_timeout(
+        let (outcome, tries) = RETRY
+            .retry_while(
+                || give_up.is_none_or(|at| Instant::now() < at),
+                || self.try_once(live),
+            )
+            .await;
+        let what = self.what.name();
+        match outcome {
+            Ok(()) => {
+                if tries > 1 {
+                    tracing::info!(key = %self.key, clean_up = what, tries, "clean-up done after the store answered again");
+                }
+                true
+            }
+            Err(err) if matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::TimedOut) => {
+                tracing::debug!(error = %err, key = %self.key, clean_up = what, tries, "clean-up unanswered until the entry expired by its TTL");
+                false
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, key = %self.key, clean_up = what, "clean-up refused; the entry ends with its TTL or session");
+                false
+            }
+        }
+    }
+
+    async fn try_once(&self, live: &DynBackend) -> crate::Result<()> {
+        match self.what {
+            Cleanup::Release => with_timeout(
+                self.timeout,
+                "release",
+                live.release(&self.key, self.lease_id),
+            )
+            .await
+            .map(drop),
+            Cleanup::LeaveQueue => {
+                with_timeout(
                     self.timeout,
-                    "release",
-                    live.release(&self.key, self.lease_id),
+                    "leave_queue",
+                    live.leave_queue(&self.key, self.lease_id),
                 )
                 .await
-                .map(drop),
-                Cleanup::LeaveQueue => {
-                    with_timeout(
-                        self.timeout,
-                        "leave_queue",
-                        live.leave_queue(&self.key, self.lease_id),
-                    )
-                    .await
-                }
-            };
-            let err = match result {
-                Ok(()) => {
-                    if attempt > 0 {
-                        tracing::info!(key = %self.key, clean_up = self.what.name(), tries = attempt + 1, "clean-up done after the store answered again");
-                    }
-                    return true;
-                }
-                Err(err) => err,
-            };
-            if !matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::TimedOut) {
-                tracing::warn!(error = %err, key = %self.key, clean_up = self.what.name(), "clean-up refused; the entry ends with its TTL or session");
-                return false;
             }
-            if give_up.is_some_and(|at| Instant::now() >= at) {
-                tracing::debug!(error = %err, key = %self.key, clean_up = self.what.name(), "clean-up unanswered until the entry expired by its TTL");
-                return false;
-            }
-            if attempt == 0 {
-                tracing::debug!(error = %err, key = %self.key, clean_up = self.what.name(), "clean-up failed; retrying until the store answers");
-            }
-            tokio::time::sleep(RETRY.pause(attempt)).await;
-            attempt += 1;
         }
     }
 }
