@@ -348,6 +348,7 @@ impl ZkBackend {
             Err(err) => return Err(own.session.failed(err, "reading the queue")),
         };
         own.proved(sent_at);
+        let listed = children.contains(&own.name);
         let queue = contenders(children);
         Ok(match queue.iter().position(|c| c.name == own.name) {
             Some(0) => Place::First,
@@ -355,7 +356,18 @@ impl ZkBackend {
                 own.ahead.saw(queue[at - 1].name.clone(), at == 1);
                 Place::Behind
             }
-            None => Place::Gone,
+            None if !listed => Place::Gone,
+            // A node that exists is never taken for gone: forgetting it would leak it, and
+            // it would block the queue for as long as its session lives.
+            None => {
+                return Err(Error::new(
+                    ErrorKind::Internal,
+                    format!(
+                        "zookeeper: the lock node name {:?} has no sequence",
+                        own.name
+                    ),
+                ))
+            }
         })
     }
 
