@@ -167,6 +167,13 @@ async fn supervise(
                         if watch.group.hand_terminal() {
                             let _ = watch.group.signal(libc::SIGCONT);
                         } else {
+                            // A shell says "Stopped (tty input)" of its own jobs; of
+                            // distlock it can only say "Stopped (signal)".
+                            eprintln!(
+                                "distlock: the command stopped to use the terminal from the background; \
+                                 distlock stops with it until `fg` (meanwhile the lock on {:?} lapses after its TTL)",
+                                args.key
+                            );
                             watch.suspend();
                         }
                     }

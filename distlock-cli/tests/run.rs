@@ -458,6 +458,7 @@ fn a_command_stopped_by_the_terminal_stops_distlock_too() {
     terminal.line_containing("ready");
     let command = child_of(terminal.pid);
     // Not stopped for ever holding the lock: distlock stops too, and the lock lapses.
+    terminal.line_containing("distlock stops with it until `fg`");
     wait_stopped(terminal.pid);
     store
         .output(&["run", "-w", "60s", "k", "--", "true"])

@@ -1,6 +1,7 @@
 -- Single-node acquire: one atomic step that grants, re-grants to the same lease, or refuses.
 -- KEYS[1] lock key, KEYS[2] fencing counter (same hash slot)
--- ARGV[1] lease id (hex), ARGV[2] TTL in milliseconds
+-- ARGV[1] lease id (hex), ARGV[2] TTL in milliseconds, ARGV[3] holder label (hex, '' for
+-- none), kept after the entry's stamp
 -- Returns the fencing token (> 0) when granted, 0 when another live lease holds the key.
 local held = redis.call('GET', KEYS[1])
 if held then
@@ -24,5 +25,10 @@ else
   token = tonumber(now[1]) * 1000000 + tonumber(now[2])
   redis.call('SET', KEYS[2], string.format('%.0f', token))
 end
-redis.call('SET', KEYS[1], ARGV[1] .. ':' .. string.format('%.0f', token) .. ':0', 'PX', ARGV[2])
+local label = ''
+if ARGV[3] ~= '' then
+  label = ':' .. ARGV[3]
+end
+redis.call('SET', KEYS[1], ARGV[1] .. ':' .. string.format('%.0f', token) .. ':0' .. label,
+  'PX', ARGV[2])
 return token

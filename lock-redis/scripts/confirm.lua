@@ -8,14 +8,18 @@ local held = redis.call('GET', KEYS[1])
 if not held then
   return 0
 end
-local lease, token, stamp = string.match(held, '^(%x+):(%d+):(%w+)$')
+-- The holder label (hex), if any, follows the stamp and is kept.
+local lease, token, stamp, label = string.match(held, '^(%x+):(%d+):(%w+):?(%x*)$')
 if lease ~= ARGV[1] or stamp ~= ARGV[2] then
   return 0
 end
 -- Tokens in an entry and in the counter only ever grow, whatever order rounds arrive in.
 local chosen = math.max(tonumber(token), tonumber(ARGV[3]))
 local text = string.format('%.0f', chosen)
-redis.call('SET', KEYS[1], lease .. ':' .. text .. ':' .. stamp, 'KEEPTTL')
+if label ~= '' then
+  label = ':' .. label
+end
+redis.call('SET', KEYS[1], lease .. ':' .. text .. ':' .. stamp .. label, 'KEEPTTL')
 local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
 if counter < chosen then
   redis.call('SET', KEYS[2], text)

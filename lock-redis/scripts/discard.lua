@@ -9,7 +9,7 @@ local held = redis.call('GET', KEYS[1])
 if not held then
   return 0
 end
-local lease, stamp = string.match(held, '^(%x+):%d+:(%w+)$')
+local lease, stamp = string.match(held, '^(%x+):%d+:(%w+)')
 if lease ~= ARGV[1] or (tonumber(stamp) or 0) > tonumber(ARGV[2]) then
   return 0
 end

@@ -13,7 +13,7 @@ use lock_core::{
 use redis::Script;
 
 use crate::config::RedisConfig;
-use crate::entry::{read_holder, release_if_owner, renew_if_owner, ttl_millis};
+use crate::entry::{label_arg, read_holder, release_if_owner, renew_if_owner, ttl_millis};
 use crate::error::unexpected_reply;
 use crate::keys::Layout;
 use crate::node::{Node, NodeOptions};
@@ -134,7 +134,8 @@ impl LockBackend for RedisBackend {
                     .key(inner.layout.lock_key(request.key()))
                     .key(inner.layout.fence_key(request.key()))
                     .arg(request.lease_id().to_string())
-                    .arg(ttl_millis(&inner.capabilities, request.ttl())),
+                    .arg(ttl_millis(&inner.capabilities, request.ttl()))
+                    .arg(label_arg(request.holder_label())),
                 "acquire",
             )
             .await?;

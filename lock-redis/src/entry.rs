@@ -1,11 +1,13 @@
 //! A lock as one server stores it, and the owner-only operations both backends run on one
 //! server: read the holder, renew many leases, release.
 //!
-//! An entry is the string `<lease id>:<token>:<stamp>` under the key's lock key, with the
-//! lease's TTL as the key's expiry. The stamp is 0 on a single node and the acquisition
-//! attempt under Redlock (see `redlock.rs`); every script here matches the lease id only,
-//! so they serve both backends alike.
+//! An entry is the string `<lease id>:<token>:<stamp>`, followed by `:<holder label>` when
+//! the lease has one (its UTF-8 bytes in hex, so it never holds a `:`), under the key's
+//! lock key, with the lease's TTL as the key's expiry. The stamp is 0 on a single node and
+//! the acquisition attempt under Redlock (see `redlock.rs`); every script here matches the
+//! lease id only, so they serve both backends alike.
 
+use std::fmt::Write as _;
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -46,23 +48,49 @@ impl Entry {
 }
 
 /// A live entry on one server, and how long that server keeps it yet.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Held {
     pub(crate) entry: Entry,
     pub(crate) remaining_ttl: Duration,
+    /// The holder label the entry carries.
+    pub(crate) label: Option<String>,
 }
 
 impl Held {
-    /// The holder as the core sees it (the server keeps no label and no queue).
+    /// The holder as the core sees it (the server keeps no queue).
     pub(crate) fn into_info(self) -> HolderInfo {
         HolderInfo {
             lease_id: self.entry.lease_id,
             token: FencingToken::new(self.entry.token),
             remaining_ttl: self.remaining_ttl,
             waiters: None,
-            holder: None,
+            holder: self.label,
         }
     }
+}
+
+/// A holder label as the acquire scripts take it: its UTF-8 bytes in hex, `""` for none.
+pub(crate) fn label_arg(label: Option<&str>) -> String {
+    let mut hex = String::new();
+    for byte in label.unwrap_or_default().bytes() {
+        // Writing to a String cannot fail.
+        let _ = write!(hex, "{byte:02x}");
+    }
+    hex
+}
+
+/// The holder label after an entry's stamp; `None` when it has none (or an entry of an
+/// older version, or one that does not decode).
+fn label_of(value: &str) -> Option<String> {
+    let hex = value.splitn(4, ':').nth(3).filter(|hex| !hex.is_empty())?;
+    let bytes = (0..hex.len())
+        .step_by(2)
+        .map(|i| {
+            hex.get(i..i + 2)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+        })
+        .collect::<Option<Vec<u8>>>()?;
+    String::from_utf8(bytes).ok()
 }
 
 /// A TTL as the whole milliseconds the scripts pass to `PX`/`PEXPIRE`, rounded up so the
@@ -88,6 +116,7 @@ fn parse_holder((value, pttl): (String, i64)) -> Option<Option<Held>> {
         // PTTL rounds down: 0 means under a millisecond left, and the entry is still live
         // (a renewal now would still find it), so it must not be reported free yet.
         remaining_ttl: Duration::from_millis(pttl.max(0).unsigned_abs()),
+        label: label_of(&value),
     }))
 }
 
@@ -157,8 +186,16 @@ mod tests {
                     token: 42
                 },
                 remaining_ttl: Duration::from_millis(1500),
+                label: None,
             })
         );
+        let labelled = format!("{lease}:42:7:{}", label_arg(Some("host:1 ü")));
+        let held = parse_holder((labelled, 1500))
+            .flatten()
+            .expect("well formed");
+        assert_eq!(held.entry.token, 42);
+        assert_eq!(held.label.as_deref(), Some("host:1 ü"));
+        assert_eq!(label_arg(None), "");
         assert_eq!(parse_holder((String::new(), -2)), Some(None));
         assert_eq!(
             parse_holder((format!("{lease}:7:0"), 0))

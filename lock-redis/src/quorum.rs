@@ -66,7 +66,7 @@ impl Quorum {
         what: &str,
         answers: impl IntoIterator<Item = Result<Option<Held>>>,
     ) -> Result<Option<Held>> {
-        let mut holders: HashMap<LeaseId, (u64, Vec<Duration>)> = HashMap::new();
+        let mut holders: HashMap<LeaseId, (u64, Vec<Duration>, Option<String>)> = HashMap::new();
         let (mut answered, mut errors) = (0, Vec::new());
         for answer in answers {
             match answer {
@@ -75,11 +75,14 @@ impl Quorum {
                     if let Some(Held {
                         entry,
                         remaining_ttl,
+                        label,
                     }) = held
                     {
                         let holder = holders.entry(entry.lease_id).or_default();
                         holder.0 = holder.0.max(entry.token);
                         holder.1.push(remaining_ttl);
+                        // Every entry of one lease carries the lease's label.
+                        holder.2 = holder.2.take().or(label);
                     }
                 }
                 Err(err) => errors.push(err),
@@ -91,13 +94,14 @@ impl Quorum {
         let needed = self.needed();
         Ok(holders
             .into_iter()
-            .find(|(_, (_, ttls))| self.reached(ttls.len()))
-            .map(|(lease_id, (token, mut ttls))| {
+            .find(|(_, (_, ttls, _))| self.reached(ttls.len()))
+            .map(|(lease_id, (token, mut ttls, label))| {
                 // The majority with the longest TTLs is the last to let go.
                 ttls.sort_unstable_by(|a, b| b.cmp(a));
                 Held {
                     entry: Entry { lease_id, token },
                     remaining_ttl: ttls[needed - 1],
+                    label,
                 }
             }))
     }
@@ -165,6 +169,7 @@ mod tests {
             Ok(Some(Held {
                 entry: Entry { lease_id, token },
                 remaining_ttl: Duration::from_millis(ms),
+                label: None,
             }))
         };
         let three = Quorum::of(3);

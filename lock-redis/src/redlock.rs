@@ -20,7 +20,7 @@ use lock_core::{
 use redis::Script;
 
 use crate::config::RedisConfig;
-use crate::entry::{read_holder, release_if_owner, renew_if_owner, ttl_millis};
+use crate::entry::{label_arg, read_holder, release_if_owner, renew_if_owner, ttl_millis};
 use crate::keys::Layout;
 use crate::node::{Node, NodeOptions};
 use crate::notify::Notifier;
@@ -259,12 +259,13 @@ impl LockBackend for RedlockBackend {
         let lease = request.lease_id().to_string();
         let ttl = ttl_millis(&inner.capabilities, request.ttl());
         let stamp = next_stamp();
+        let label = label_arg(request.holder_label());
 
         // Round 1: take the key (token pending) on every node that has it free, and read
         // every node's counter.
         let replies = self
             .on_all("reserve", |_, node| {
-                let (lock_key, fence_key, lease) = (&lock_key, &fence_key, &lease);
+                let (lock_key, fence_key, lease, label) = (&lock_key, &fence_key, &lease, &label);
                 async move {
                     node.invoke::<(i64, u64, u64)>(
                         RESERVE
@@ -272,7 +273,8 @@ impl LockBackend for RedlockBackend {
                             .key(fence_key)
                             .arg(lease)
                             .arg(ttl)
-                            .arg(stamp),
+                            .arg(stamp)
+                            .arg(label),
                         "reserve",
                     )
                     .await

@@ -245,7 +245,9 @@ impl SqlBackend {
     }
 
     /// The acquire and release statements exactly as this backend sends them (with the
-    /// table name and clock expressions filled in): the baseline for benchmarks.
+    /// table name and clock expressions filled in): the baseline for benchmarks. Acquire
+    /// binds the key, the lease id, the TTL in milliseconds and the holder label (or
+    /// `NULL`); release the key and the lease id.
     pub fn statements(&self) -> (&str, &str) {
         on_store!(&self.inner.store, ops => (ops.sql.acquire_sql(), ops.sql.release_sql()))
     }
@@ -345,8 +347,12 @@ impl LockBackend for SqlBackend {
         // Runs to completion even if the caller gives up, then opens the gate.
         let inner = Arc::clone(&self.inner);
         let key = request.key().clone();
+        let holder = request.holder_label().map(str::to_owned);
         finish_if_dropped(async move {
-            let result = on_store!(&inner.store, ops => ops.acquire(&key, lease_id, ttl_ms).await);
+            let result = on_store!(
+                &inner.store,
+                ops => ops.acquire(&key, lease_id, ttl_ms, holder).await
+            );
             drop(running);
             result.map(|granted| granted.map(Grant::new))
         })

@@ -124,6 +124,13 @@ impl ZkBackend {
                 .await
                 .map_err(|err| from_zk(err, "reading the lock root"))?;
         }
+        let records = ttl_nodes_enabled(&control, &config.root, acls).await?;
+        if !records {
+            tracing::warn!(
+                "zookeeper: the server refuses TTL nodes, so idempotent runs are refused; \
+                 start it with -Dzookeeper.extendedTypesEnabled=true to keep idempotency records"
+            );
+        }
         Ok(ZkBackend {
             inner: Arc::new(Inner {
                 capabilities: Capabilities {
@@ -131,7 +138,7 @@ impl ZkBackend {
                     native_notification: true,
                     durable_fencing: true,
                     reentrancy: true,
-                    records: true,
+                    records,
                     liveness: Liveness::Session,
                     min_ttl: config.min_ttl,
                     // A session's timeout is its leases' TTL plus one tick.
@@ -348,6 +355,7 @@ impl ZkBackend {
             Err(err) => return Err(own.session.failed(err, "reading the queue")),
         };
         own.proved(sent_at);
+        let listed = children.contains(&own.name);
         let queue = contenders(children);
         Ok(match queue.iter().position(|c| c.name == own.name) {
             Some(0) => Place::First,
@@ -355,7 +363,18 @@ impl ZkBackend {
                 own.ahead.saw(queue[at - 1].name.clone(), at == 1);
                 Place::Behind
             }
-            None => Place::Gone,
+            None if !listed => Place::Gone,
+            // A node that exists is never taken for gone: forgetting it would leak it, and
+            // it would block the queue for as long as its session lives.
+            None => {
+                return Err(Error::new(
+                    ErrorKind::Internal,
+                    format!(
+                        "zookeeper: the lock node name {:?} has no sequence",
+                        own.name
+                    ),
+                ))
+            }
         })
     }
 
@@ -554,6 +573,36 @@ impl ZkBackend {
             }) => Err(ttl_nodes_disabled()),
             Err(err) => Err(from_zk(err.into(), "writing the record")),
         }
+    }
+}
+
+/// Whether the server creates TTL nodes (idempotency records need them): it refuses them
+/// unless started with `-Dzookeeper.extendedTypesEnabled=true`. The probe asks for a TTL
+/// node under a parent that does not exist, so it creates nothing: the server checks the
+/// node type before it looks for the parent, and answers `Unimplemented` when TTL nodes
+/// are off, `NoNode` when they are on.
+async fn ttl_nodes_enabled(control: &Client, root: &str, acls: Acls<'static>) -> Result<bool> {
+    let path = format!(
+        "{}/.ttl-probe-{:032x}/probe",
+        records_dir(root),
+        LeaseId::random().as_u128()
+    );
+    let options = CreateMode::Persistent
+        .with_acls(acls)
+        .with_ttl(Duration::from_secs(1));
+    match control.create(&path, &[], &options).await {
+        Err(ZkError::Unimplemented) => Ok(false),
+        Err(ZkError::NoNode) => Ok(true),
+        Ok(_) => {
+            // Not expected (the parent was never created); the node expires by its TTL
+            // anyway, but is not left to wait for it.
+            let _ = control.delete(&path, None).await;
+            Ok(true)
+        }
+        // Another answer (an ACL on the root, say) says nothing about TTL nodes; the record
+        // write reports the setting if it is missing.
+        Err(ZkError::NoAuth) | Err(ZkError::InvalidAcl) => Ok(true),
+        Err(err) => Err(from_zk(err, "probing for TTL nodes")),
     }
 }
 

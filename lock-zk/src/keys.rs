@@ -139,7 +139,9 @@ pub(crate) fn node_prefix(lease: LeaseId) -> String {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Contender {
     pub(crate) name: String,
-    pub(crate) sequence: u64,
+    /// The server's sequence number: the parent's child version (`cversion`) when the node
+    /// was created, a signed 32-bit counter that wraps.
+    pub(crate) sequence: i32,
 }
 
 impl Contender {
@@ -156,21 +158,59 @@ impl Contender {
 }
 
 /// The children of a lock parent that take part in the queue (every sequential node, ours
-/// or another client's recipe's), ordered by sequence: the first holds the lock.
+/// or another client's recipe's), in creation order: the first holds the lock.
+///
+/// The sequence is the parent's `cversion`, a signed 32-bit counter that grows by one per
+/// child created *or* deleted and wraps from 2³¹−1 to −2³¹, formatted as `%010d`: ten
+/// digits, or a minus sign and nine or ten digits once it is negative. The live nodes of a
+/// parent span far less than half the counter's range, so they are ordered by their
+/// distance from the oldest one, modulo 2³², which is creation order across the wraps
+/// too: the oldest is the one after the largest gap between neighbouring sequences.
 pub(crate) fn contenders(children: Vec<String>) -> Vec<Contender> {
     let mut queue: Vec<Contender> = children
         .into_iter()
-        .filter_map(|name| {
-            let digits = name.len() - name.bytes().rev().take_while(u8::is_ascii_digit).count();
-            let suffix = &name[digits..];
-            (suffix.len() >= 10)
-                .then(|| suffix.parse().ok())
-                .flatten()
-                .map(|sequence| Contender { name, sequence })
-        })
+        .filter_map(|name| sequence_of(&name).map(|sequence| Contender { name, sequence }))
         .collect();
-    queue.sort_by_key(|c| c.sequence);
+    // `as u32` reinterprets the two's-complement bits: the counter's order modulo 2^32.
+    let bits = |c: &Contender| c.sequence as u32;
+    queue.sort_by_key(|c| (bits(c), c.name.clone()));
+    let oldest = (0..queue.len())
+        .max_by_key(|&at| {
+            let before = if at == 0 { queue.len() - 1 } else { at - 1 };
+            bits(&queue[at]).wrapping_sub(bits(&queue[before]))
+        })
+        .unwrap_or(0);
+    queue.rotate_left(oldest);
     queue
+}
+
+/// The sequence the server appended to `name` (`%010d` of a signed 32-bit counter), if the
+/// name ends in one: `0000000042`, `-000000042` or `-2147483648`. A minus sign before the
+/// digits is the number's when it follows the recipe's separator (`-lock--…`,
+/// `__lock__-…`), the separator itself otherwise (`-lock-…`).
+fn sequence_of(name: &str) -> Option<i32> {
+    let bytes = name.as_bytes();
+    let digits = bytes
+        .iter()
+        .rev()
+        .take_while(|b| b.is_ascii_digit())
+        .count();
+    if digits < 9 {
+        return None;
+    }
+    let run = &name[name.len() - digits.min(10)..];
+    let value: i64 = run.parse().ok()?;
+    let before = |back: usize| {
+        name.len()
+            .checked_sub(digits.min(10) + back)
+            .map(|at| bytes[at])
+    };
+    let signed = digits <= 10 && before(1) == Some(b'-') && matches!(before(2), Some(b'-' | b'_'));
+    match (signed, digits) {
+        (true, _) => i32::try_from(-value).ok(),
+        (false, 9) => None,
+        (false, _) => i32::try_from(value).ok(),
+    }
 }
 
 #[cfg(test)]
@@ -244,5 +284,92 @@ mod tests {
         assert_eq!(queue[0].name, kazoo);
         assert_eq!(queue[1].lease_id(), Some(lease));
         assert_eq!(queue[1].sequence, 12);
+    }
+
+    fn names(queue: &[Contender]) -> Vec<&str> {
+        queue.iter().map(|c| c.name.as_str()).collect()
+    }
+
+    #[test]
+    fn sequences_are_read_as_the_server_formats_them() {
+        for (name, sequence) in [
+            ("_c_a-lock-0000000005", Some(5)),
+            ("_c_a-lock-2147483647", Some(i32::MAX)),
+            ("_c_a-lock-1500000000", Some(1_500_000_000)),
+            ("lock-0000000007", Some(7)),
+            ("_c_a-lock--2147483648", Some(i32::MIN)),
+            ("_c_a-lock--1500000000", Some(-1_500_000_000)),
+            ("_c_a-lock--000000001", Some(-1)),
+            ("_c_a-lock--999999999", Some(-999_999_999)),
+            ("abab__lock__0000000003", Some(3)),
+            ("abab__lock__-000000003", Some(-3)),
+            ("abab__lock__-2147483648", Some(i32::MIN)),
+            ("_c_a-lock-000000001", None),
+            ("_c_a-lock-2147483648", None),
+            ("stray", None),
+        ] {
+            assert_eq!(sequence_of(name), sequence, "{name}");
+        }
+    }
+
+    #[test]
+    fn the_queue_keeps_creation_order_across_the_wrap() {
+        // The counter passes 2^31 - 1 and goes on at -2^31.
+        let queue = contenders(vec![
+            "_c_d-lock--2147483646".into(),
+            "_c_c-lock--2147483648".into(),
+            "_c_b-lock-2147483647".into(),
+            "_c_a-lock-2147483646".into(),
+        ]);
+        assert_eq!(
+            names(&queue),
+            [
+                "_c_a-lock-2147483646",
+                "_c_b-lock-2147483647",
+                "_c_c-lock--2147483648",
+                "_c_d-lock--2147483646"
+            ]
+        );
+        // It passes -1 and goes on at 0; nine-digit negatives are contenders too.
+        let queue = contenders(vec![
+            "_c_d-lock-0000000000".into(),
+            "_c_a-lock--000000003".into(),
+            "_c_e-lock-0000000005".into(),
+            "_c_b-lock--000000001".into(),
+            format!("{}__lock__-000000002", "ab".repeat(16)),
+        ]);
+        assert_eq!(
+            names(&queue),
+            [
+                "_c_a-lock--000000003",
+                &format!("{}__lock__-000000002", "ab".repeat(16)),
+                "_c_b-lock--000000001",
+                "_c_d-lock-0000000000",
+                "_c_e-lock-0000000005"
+            ]
+        );
+        // Sequences more than 2^31 apart (a node that outlived 2^31 changes of its parent)
+        // cannot be ordered by sequence, but none of them is dropped.
+        let queue = contenders(vec![
+            "_c_a-lock-0000000005".into(),
+            "_c_b-lock--2147483648".into(),
+            "_c_c-lock--000000001".into(),
+            "_c_d-lock-0000000000".into(),
+        ]);
+        assert_eq!(queue.len(), 4);
+        // Before any wrap the order is the numeric one, as Curator's and kazoo's.
+        let queue = contenders(vec![
+            "_c_b-lock-0000000010".into(),
+            "_c_a-lock-0000000002".into(),
+            "_c_c-lock-2147483647".into(),
+        ]);
+        assert_eq!(
+            names(&queue),
+            [
+                "_c_a-lock-0000000002",
+                "_c_b-lock-0000000010",
+                "_c_c-lock-2147483647"
+            ]
+        );
     }
 }

@@ -494,3 +494,42 @@ async fn a_waiter_whose_session_ended_queues_again() {
         .unwrap();
     guard.release().await.unwrap();
 }
+
+/// A server without TTL nodes (ZooKeeper's default): the backend says at connect that it
+/// keeps no idempotency records, so an idempotent run is refused before its work runs,
+/// instead of running the work and failing at the record (and running it again on every
+/// retry). Locks work as ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_ttl_nodes_refuses_idempotent_runs_before_the_work() {
+    let server = conformance_tests::store_process::StoreProcess::start(
+        conformance_tests::store_process::StoreSpec::zookeeper_without_ttl_nodes(),
+    )
+    .await
+    .unwrap();
+    let backend = connect(&zk_url(&[server.addr()], "")).await;
+    let client = LockClient::from_dyn(backend.clone());
+    let ran = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = std::sync::Arc::clone(&ran);
+    let run = client
+        .idempotent(key("no-ttl"))
+        .run(move |_| async move {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok::<_, std::io::Error>(Vec::new())
+        })
+        .await;
+    let runs = ran.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(runs, 0, "the work ran ({:?})", run.map(|_| ()));
+    assert_eq!(run.unwrap_err().kind(), ErrorKind::Unsupported);
+    assert!(!backend.capabilities().records);
+    let guard = client.lock(key("no-ttl-lock")).await.unwrap();
+    guard.release().await.unwrap();
+
+    // The test servers have TTL nodes: there the backend keeps records.
+    let with_ttl = start_zookeeper().await;
+    assert!(
+        connect(&zk_url(&[with_ttl.addr()], ""))
+            .await
+            .capabilities()
+            .records
+    );
+}

@@ -45,17 +45,27 @@ impl StoreSpec {
     /// A standalone ZooKeeper server (`java` running `QuorumPeerMain` from the Debian
     /// package `zookeeper`).
     pub fn zookeeper() -> Self {
-        zookeeper_with(None, Vec::new())
+        zookeeper_with(None, Vec::new(), true)
+    }
+
+    /// A standalone ZooKeeper server as it comes, without TTL nodes (no
+    /// `-Dzookeeper.extendedTypesEnabled=true`), for tests of what needs them.
+    pub fn zookeeper_without_ttl_nodes() -> Self {
+        zookeeper_with(None, Vec::new(), false)
     }
 
     /// Member `id` of the ensemble `peers` (which must contain it). Start every member at
     /// once (the readiness probe of one member passes only once a quorum serves).
+    ///
+    /// The member binds the ports of its own entry and reaches the others at theirs, so
+    /// each member may be given its own view, listing other members at fault proxies in
+    /// front of their quorum ports (to cut one follower from the leader).
     pub fn zookeeper_member(id: u8, peers: &[ZookeeperPeer]) -> Self {
-        zookeeper_with(Some(id), peers.to_vec())
+        zookeeper_with(Some(id), peers.to_vec(), true)
     }
 }
 
-fn zookeeper_with(member: Option<u8>, peers: Vec<ZookeeperPeer>) -> StoreSpec {
+fn zookeeper_with(member: Option<u8>, peers: Vec<ZookeeperPeer>, ttl_nodes: bool) -> StoreSpec {
     StoreSpec::new("java", "zookeeper")
         .setup(move |data_dir| {
             if !Path::new(ZOOKEEPER_JAR).is_file() {
@@ -84,7 +94,11 @@ fn zookeeper_with(member: Option<u8>, peers: Vec<ZookeeperPeer>) -> StoreSpec {
                 "-Dzookeeper.forceSync=no",
                 "-Dzookeeper.admin.enableServer=false",
                 // TTL nodes, for idempotency records.
-                "-Dzookeeper.extendedTypesEnabled=true",
+                if ttl_nodes {
+                    "-Dzookeeper.extendedTypesEnabled=true"
+                } else {
+                    "-Dzookeeper.extendedTypesEnabled=false"
+                },
                 "-cp",
                 ZOOKEEPER_JAR,
                 "org.apache.zookeeper.server.quorum.QuorumPeerMain",

@@ -7,7 +7,8 @@
 -- The result does not depend on whether the assignments see each other's new values
 -- (as MariaDB's SIMULTANEOUS_ASSIGNMENT mode makes them in an UPDATE): each reads only
 -- columns assigned after it, except expires_at, whose condition and value come out the
--- same with the old or the new lease_id. The token was drawn by the insert trigger, under
+-- same with the old or the new lease_id (holder, the lease's label, comes first and
+-- reads only columns assigned after it). The token was drawn by the insert trigger, under
 -- the counter row's lock, before the key row's lock, so tokens follow grant order.
 -- A contended acquire waits at most one second (the shortest InnoDB lock wait time-out)
 -- for the key's row or the token counter, which another transaction holds only while it
@@ -17,8 +18,10 @@
 -- the counter while a statement holds it, so a statement stuck on a row would otherwise
 -- hold up acquires of every key.
 SET STATEMENT innodb_lock_wait_timeout = 1 FOR
-INSERT INTO {table} (lock_key, lease_id, token, expires_at) VALUES (?, ?, 0, {now} + ?)
+INSERT INTO {table} (lock_key, lease_id, token, expires_at, holder)
+VALUES (?, ?, 0, {now} + ?, ?)
 ON DUPLICATE KEY UPDATE
+    holder = IF(expires_at <= {now} OR lease_id = VALUES(lease_id), VALUES(holder), holder),
     token = IF(expires_at <= {now}, VALUES(token), token),
     lease_id = IF(expires_at <= {now} OR lease_id = VALUES(lease_id), VALUES(lease_id), lease_id),
     expires_at = IF(expires_at <= {now} OR lease_id = VALUES(lease_id),

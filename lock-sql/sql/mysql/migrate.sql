@@ -6,8 +6,19 @@ CREATE TABLE IF NOT EXISTS {table} (
     lock_key   VARBINARY(256) NOT NULL PRIMARY KEY,
     lease_id   CHAR(32) CHARACTER SET ascii NOT NULL,
     token      BIGINT NOT NULL,
-    expires_at BIGINT NOT NULL
+    expires_at BIGINT NOT NULL,
+    holder     TEXT CHARACTER SET utf8mb4 NULL
 ) ENGINE = InnoDB;
+-- statement
+-- The holder's label, added to a table made before it existed. Looked up first, so a
+-- table that has it is not altered (ALTER TABLE waits for every open transaction on it).
+BEGIN NOT ATOMIC
+    IF NOT EXISTS (SELECT 1 FROM information_schema.columns
+                   WHERE table_schema = DATABASE() AND table_name = '{table}'
+                     AND column_name = 'holder') THEN
+        ALTER TABLE {table} ADD COLUMN holder TEXT CHARACTER SET utf8mb4 NULL;
+    END IF;
+END;
 -- statement
 -- The fencing counter outlives every lock row: rows are deleted on release.
 CREATE TABLE IF NOT EXISTS {table}_tokens (

@@ -6,14 +6,16 @@
 -- Whether the old lease is over is judged once, at the statement's start ({now}); the
 -- expiry written counts from the moment of writing ({clock}), so a grant that waited for
 -- the row lock is not born expired. A grant of the caller's own lease (a retried request)
--- never shortens the expiry a later attempt already wrote.
-INSERT INTO {table} AS held (lock_key, lease_id, token, expires_at)
-SELECT $1, $2, nextval('{table}_tokens'), {clock} + $3
+-- never shortens the expiry a later attempt already wrote. The holder label ($4, NULL for
+-- none) is the granted lease's.
+INSERT INTO {table} AS held (lock_key, lease_id, token, expires_at, holder)
+SELECT $1, $2, nextval('{table}_tokens'), {clock} + $3, $4
 FROM (SELECT pg_advisory_xact_lock(hashtextextended('{table}/' || $1, 0)) OFFSET 0) AS turn
 ON CONFLICT (lock_key) DO UPDATE SET
     token = CASE WHEN held.expires_at > {now} THEN held.token
                  ELSE nextval('{table}_tokens') END,
     lease_id = EXCLUDED.lease_id,
+    holder = EXCLUDED.holder,
     expires_at = GREATEST(
         CASE WHEN held.lease_id = EXCLUDED.lease_id THEN held.expires_at ELSE 0 END,
         {clock} + $3)

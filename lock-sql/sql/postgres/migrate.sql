@@ -12,8 +12,22 @@ CREATE TABLE IF NOT EXISTS {table} (
     lock_key   text   NOT NULL PRIMARY KEY,
     lease_id   text   NOT NULL,
     token      bigint NOT NULL,
-    expires_at bigint NOT NULL
+    expires_at bigint NOT NULL,
+    holder     text
 );
+-- statement
+-- The holder's label, added to a table made before it existed. Looked up first: ALTER
+-- TABLE would take the table's exclusive lock on every connect, waiting behind the live
+-- lock calls and holding up new ones.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                   WHERE attrelid = '{table}'::regclass AND attname = 'holder'
+                     AND NOT attisdropped) THEN
+        ALTER TABLE {table} ADD COLUMN holder text;
+    END IF;
+END
+$$;
 -- statement
 -- Idempotency records, one per key, beside the lock rows (write_record.sql).
 CREATE TABLE IF NOT EXISTS {table}_records (

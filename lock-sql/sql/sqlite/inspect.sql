@@ -1,2 +1,2 @@
-SELECT lease_id, token, expires_at - {now} AS remaining_ms
+SELECT lease_id, token, expires_at - {now} AS remaining_ms, holder
 FROM {table} WHERE lock_key = ?1 AND expires_at > {now}

@@ -5,8 +5,13 @@ CREATE TABLE IF NOT EXISTS {table} (
     lock_key   TEXT    NOT NULL PRIMARY KEY,
     lease_id   TEXT    NOT NULL,
     token      INTEGER NOT NULL,
-    expires_at INTEGER NOT NULL
+    expires_at INTEGER NOT NULL,
+    holder     TEXT
 ) WITHOUT ROWID;
+-- statement if the column is missing
+-- The holder's label, added to a table made before it existed (SQLite has no ADD COLUMN
+-- IF NOT EXISTS: the backend ignores this statement's "duplicate column" error).
+ALTER TABLE {table} ADD COLUMN holder TEXT;
 -- statement
 -- The fencing counter outlives every lock row: rows are deleted on release.
 CREATE TABLE IF NOT EXISTS {table}_tokens (

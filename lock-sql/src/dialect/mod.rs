@@ -89,10 +89,23 @@ pub(crate) use sql_text;
 /// Splits `migrate.sql` into statements run one after the other on one connection.
 const STATEMENT_BREAK: &str = "-- statement";
 
+/// Follows [`STATEMENT_BREAK`] before a statement that adds a column to a table made by
+/// an older version, in a dialect without `ADD COLUMN IF NOT EXISTS` (SQLite): its
+/// "duplicate column" error means the column is there already.
+const IF_COLUMN_MISSING: &str = " if the column is missing";
+
+/// One statement of `migrate.sql`.
+#[derive(Clone, Debug)]
+struct MigrateStep {
+    sql: SqlStr,
+    /// Whether a "duplicate column" error means the step was done before.
+    adds_column: bool,
+}
+
 /// The statements of one dialect for one table, prepared once per backend.
 #[derive(Debug)]
 pub(crate) struct Statements {
-    migrate: Vec<SqlStr>,
+    migrate: Vec<MigrateStep>,
     acquire: SqlStr,
     renew: SqlStr,
     expire_in: SqlStr,
@@ -126,7 +139,16 @@ impl Statements {
                 .migrate
                 .split(STATEMENT_BREAK)
                 .filter(|s| !s.trim().is_empty())
-                .map(fill)
+                .map(|step| match step.strip_prefix(IF_COLUMN_MISSING) {
+                    Some(sql) => MigrateStep {
+                        sql: fill(sql),
+                        adds_column: true,
+                    },
+                    None => MigrateStep {
+                        sql: fill(step),
+                        adds_column: false,
+                    },
+                })
                 .collect(),
             acquire: fill(text.acquire),
             renew: fill(text.renew),
@@ -194,6 +216,8 @@ where
     for<'q> Option<Vec<u8>>: Encode<'q, DB>,
     for<'r> Vec<u8>: Decode<'r, DB>,
     for<'r> Option<Vec<u8>>: Decode<'r, DB>,
+    for<'q> Option<String>: Encode<'q, DB>,
+    for<'r> Option<String>: Decode<'r, DB>,
     usize: ColumnIndex<DB::Row>,
     DB::QueryResult: RowsAffected,
 {
@@ -264,8 +288,12 @@ where
         let statements = self.sql.migrate.clone();
         self.on_connection("creating the lock table", move |conn| {
             Box::pin(async move {
-                for statement in statements {
-                    sqlx::raw_sql(statement).execute(&mut *conn).await?;
+                for step in statements {
+                    match sqlx::raw_sql(step.sql).execute(&mut *conn).await {
+                        Err(sqlx::Error::Database(db))
+                            if step.adds_column && db.message().contains("duplicate column") => {}
+                        done => drop(done?),
+                    }
                 }
                 Ok(())
             })
@@ -274,18 +302,20 @@ where
     }
 
     /// Grants the key to `lease_id` for `ttl_ms` if it is free, expired or already the
-    /// lease's own; `None` when another lease holds it.
+    /// lease's own, labelled `holder`; `None` when another lease holds it.
     pub(crate) async fn acquire(
         &self,
         key: &LockKey,
         lease_id: LeaseId,
         ttl_ms: i64,
+        holder: Option<String>,
     ) -> Result<Option<FencingToken>> {
         let lease = lease_id.to_string();
         let query = sqlx::query(self.sql.acquire.clone())
             .bind(key.as_str().to_owned())
             .bind(lease.clone())
-            .bind(ttl_ms);
+            .bind(ttl_ms)
+            .bind(holder);
         let dialect = self.dialect;
         let row = self
             .on_connection("acquire", move |conn| {
@@ -446,16 +476,21 @@ where
             return Ok(None);
         };
         let read = self.fail("reading the holder");
-        let (lease, token, remaining): (String, i64, i64) =
-            (|| Ok::<_, sqlx::Error>((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))()
-                .map_err(read)?;
+        let (lease, token, remaining, holder): (String, i64, i64, Option<String>) = (|| {
+            Ok::<_, sqlx::Error>((
+                row.try_get(0)?,
+                row.try_get(1)?,
+                row.try_get(2)?,
+                row.try_get(3)?,
+            ))
+        })()
+        .map_err(read)?;
         Ok(Some(HolderInfo {
             lease_id: lease.parse()?,
             token: token_from(token)?,
             remaining_ttl: Duration::from_millis(u64::try_from(remaining).unwrap_or(0)),
             waiters: None,
-            // The table keeps no holder label.
-            holder: None,
+            holder,
         }))
     }
 
