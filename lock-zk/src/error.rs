@@ -4,12 +4,11 @@ use lock_core::{Error, ErrorKind};
 use zookeeper_client::Error as ZkError;
 
 /// Whether `err` means the session is over for good: its nodes are gone, and new
-/// acquisitions must use a new session.
+/// acquisitions must use a new session. `SessionMoved` is not such an error: the session
+/// lives on, on another server (the request went to the one it left), and ending it here
+/// would delete every node of it.
 pub(crate) fn ends_session(err: &ZkError) -> bool {
-    matches!(
-        err,
-        ZkError::SessionExpired | ZkError::SessionMoved | ZkError::ClientClosed
-    )
+    matches!(err, ZkError::SessionExpired | ZkError::ClientClosed)
 }
 
 /// `err`, raised while doing `what`, as a distlock error (the client's error as source).
@@ -57,6 +56,20 @@ mod tests {
             (ZkError::BadVersion, ErrorKind::Internal),
         ] {
             assert_eq!(from_zk(err, "acquire").kind(), kind);
+        }
+    }
+
+    #[test]
+    fn only_an_expired_or_closed_session_is_over() {
+        assert!(ends_session(&ZkError::SessionExpired));
+        assert!(ends_session(&ZkError::ClientClosed));
+        for alive in [
+            ZkError::SessionMoved,
+            ZkError::ConnectionLoss,
+            ZkError::Timeout,
+        ] {
+            assert!(!ends_session(&alive), "{alive:?}");
+            assert_eq!(from_zk(alive, "renew").kind(), ErrorKind::Unavailable);
         }
     }
 }

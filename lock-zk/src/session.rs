@@ -229,3 +229,23 @@ async fn keep_alive(session: &ZkSession) {
         _ => session.keeper.disconnected(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_ttl_with_a_fraction_of_a_millisecond_is_invalid_input() {
+        // Refused before any connection is tried: nothing listens on port 1.
+        let config = ZkConfig::from_url("zk://127.0.0.1:1?min_ttl_ms=200&connect_timeout_ms=50")
+            .expect("a valid URL");
+        let err = open_session(&config, Duration::from_micros(1_000_500))
+            .await
+            .expect_err("a sub-millisecond TTL");
+        assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+        let err = open_session(&config, Duration::from_millis(1000))
+            .await
+            .expect_err("nothing listens");
+        assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    }
+}
