@@ -366,18 +366,30 @@ async fn bad_credentials_are_permission_denied() {
     guard.release().await.unwrap();
 }
 
-/// Nothing listening, or a server that never answers: `Unavailable` within the connect
+/// Nothing listening, a server that never answers, or a listener that accepts
+/// connections and never reads or writes a byte: `Unavailable` within the connect
 /// timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_ensemble_is_unavailable_within_the_timeout() {
     let server = start_zookeeper().await;
     let silent = TcpFaultProxy::start(server.addr()).await.unwrap();
     silent.set_mode(ProxyMode::BlackHole);
+    let mute = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mute_addr = mute.local_addr().unwrap();
+    // Accepts every connection and keeps it open, silent.
+    let muted = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = mute.accept().await {
+            held.push(socket);
+        }
+    });
     let bound = Duration::from_millis(500);
     for addrs in [
         vec![closed_addr()],
         vec![silent.addr()],
+        vec![mute_addr],
         vec![closed_addr(), silent.addr(), closed_addr()],
+        vec![mute_addr, closed_addr(), mute_addr],
     ] {
         let started = Instant::now();
         let err = lock_zk::connect(&zk_url(&addrs, "connect_timeout_ms=500"))
@@ -390,6 +402,7 @@ async fn an_unreachable_ensemble_is_unavailable_within_the_timeout() {
             started.elapsed()
         );
     }
+    muted.abort();
 }
 
 /// The ensemble's leader is killed while a lock is held: the holder keeps its lock (its
