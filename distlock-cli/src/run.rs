@@ -136,12 +136,18 @@ async fn supervise(
         kill_at: None,
     };
     let mut status = None;
+    // An interrupt (INT, TERM, HUP, QUIT) was forwarded: the job is to end, and what the
+    // command leaves behind is stopped rather than waited for (a shell starts `cmd &`
+    // with SIGINT and SIGQUIT ignored, so forwarding alone would not end the wait).
+    let mut interrupted = false;
     let mut poll = LEFTOVERS_POLL.0;
-    loop {
+    let status = loop {
         // The lock covers every process the command started in its group, not only the
         // command: a background job of a shell script must not run on unprotected.
-        if status.is_some() && !watch.group.has_live_members() {
-            break;
+        if let Some(status) = status {
+            if !watch.group.has_live_members() {
+                break status;
+            }
         }
         tokio::select! {
             event = watch.group.next_event() => {
@@ -152,7 +158,10 @@ async fn supervise(
                     Event::Exited(leader) => {
                         status = Some(leader);
                         watch.group.reclaim_terminal();
-                        if args.kill_group_on_exit && !watch.lost_seen && watch.kill_at.is_none() {
+                        if (args.kill_group_on_exit || interrupted)
+                            && !watch.lost_seen
+                            && watch.kill_at.is_none()
+                        {
                             watch.stop_leftovers();
                         }
                     }
@@ -168,7 +177,7 @@ async fn supervise(
                             let _ = watch.group.signal(libc::SIGCONT);
                         } else {
                             // A shell says "Stopped (tty input)" of its own jobs; of
-                            // distlock it can only say "Stopped (signal)".
+                            // distlock it cannot tell why.
                             eprintln!(
                                 "distlock: the command stopped to use the terminal from the background; \
                                  distlock stops with it until `fg` (meanwhile the lock on {:?} lapses after its TTL)",
@@ -188,9 +197,13 @@ async fn supervise(
                     // Continued by `fg` after a `&`: the terminal goes to the command.
                     watch.group.hand_terminal();
                 }
-                // The group may just have exited (ESRCH): nothing left to forward to.
                 other => {
+                    // The group may just have exited (ESRCH): nothing left to forward to.
                     let _ = watch.group.signal(other);
+                    interrupted = true;
+                    if status.is_some() && !watch.lost_seen && watch.kill_at.is_none() {
+                        watch.stop_leftovers();
+                    }
                 }
             },
             () = &mut lost, if !watch.lost_seen => watch.on_lost(),
@@ -202,17 +215,11 @@ async fn supervise(
                 poll = (poll * 2).min(LEFTOVERS_POLL.1);
             }
         }
-    }
+    };
     if watch.lost_seen {
         return Ok(Supervised::Lost);
     }
-    match status {
-        Some(status) => Ok(Supervised::Exited(exit_code(status))),
-        None => Err(Failure::new(
-            UNAVAILABLE,
-            "the command's status was not seen",
-        )),
-    }
+    Ok(Supervised::Exited(exit_code(status)))
 }
 
 impl Watch<'_> {

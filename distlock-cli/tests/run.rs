@@ -491,6 +491,31 @@ fn the_lock_is_held_until_every_process_of_the_group_has_exited() {
 }
 
 #[test]
+fn ctrl_c_after_the_command_exited_stops_what_it_left_behind() {
+    let store = Store::sqlite();
+    // A non-interactive shell starts `&` jobs with SIGINT ignored.
+    let run = Running::spawn(store.distlock(&[
+        "run",
+        "--kill-after",
+        "1s",
+        "job",
+        "-c",
+        "sleep 300 & echo $$ $!; exit 0",
+    ]));
+    let line = run.line();
+    let (command, member) = line.split_once(' ').expect("two pids");
+    let (command, member): (u32, u32) =
+        (command.parse().expect("pid"), member.parse().expect("pid"));
+    wait_gone(command);
+    run.signal("INT");
+    assert_eq!(run.exit_code(), 0, "{}", run.rest_of_stderr());
+    assert!(!is_alive(member), "stopped before the release");
+    store
+        .output(&["run", "-n", "job", "--", "true"])
+        .expect_code(0);
+}
+
+#[test]
 fn kill_group_on_exit_stops_what_the_command_left_behind() {
     let store = Store::sqlite();
     let fifo = store.path("ready");
