@@ -22,7 +22,7 @@ pub async fn run(args: RunArgs, store_url: &str) -> Result<u8, Failure> {
             acquired = &mut acquiring => break acquired?,
             signal = signals.recv() => match signal {
                 // Ctrl-Z while waiting: suspended like any job; the wait goes on after.
-                libc::SIGTSTP => stop_self(),
+                libc::SIGTSTP => stop_self(libc::SIGTSTP, false),
                 libc::SIGCONT => {}
                 _ => {
                     // Dropping the acquisition releases whatever it may have been granted,
@@ -157,7 +157,7 @@ async fn supervise(
                 match event {
                     Event::Exited(leader) => {
                         status = Some(leader);
-                        watch.group.reclaim_terminal();
+                        let _ = watch.group.reclaim_terminal();
                         if (args.kill_group_on_exit || interrupted)
                             && !watch.lost_seen
                             && watch.kill_at.is_none()
@@ -166,10 +166,10 @@ async fn supervise(
                         }
                     }
                     // Ctrl-Z on the terminal the command has.
-                    Event::Stopped(libc::SIGTSTP) => watch.suspend(),
+                    Event::Stopped(libc::SIGTSTP) => watch.suspend(libc::SIGTSTP, true),
                     // The command read the terminal (or wrote, with `tostop`) from the
                     // background.
-                    Event::Stopped(libc::SIGTTIN | libc::SIGTTOU) => {
+                    Event::Stopped(signal @ (libc::SIGTTIN | libc::SIGTTOU)) => {
                         // distlock itself is in the foreground now (`fg` of a job started
                         // with `&`): the command's turn at the terminal. Otherwise the
                         // whole job waits for `fg`, as a shell's background job does.
@@ -183,7 +183,7 @@ async fn supervise(
                                  distlock stops with it until `fg` (meanwhile the lock on {:?} lapses after its TTL)",
                                 args.key
                             );
-                            watch.suspend();
+                            watch.suspend(signal, false);
                         }
                     }
                     // A SIGSTOP from elsewhere (a debugger, an operator): the command
@@ -192,7 +192,7 @@ async fn supervise(
                 }
             }
             signal = signals.recv() => match signal {
-                libc::SIGTSTP => watch.suspend(),
+                libc::SIGTSTP => watch.suspend(libc::SIGTSTP, false),
                 libc::SIGCONT => {
                     // Continued by `fg` after a `&`: the terminal goes to the command.
                     watch.group.hand_terminal();
@@ -228,10 +228,14 @@ impl Watch<'_> {
     /// Returns once distlock is continued (`fg`, `bg`, SIGCONT), having continued the
     /// command too, unless the lock was lost meanwhile: then the command gets `--on-lost`
     /// first (with SIGTERM pending, it runs no more of its own code when continued).
-    fn suspend(&mut self) {
+    ///
+    /// distlock stops by `signal`, the stop the command got (or distlock's own SIGTSTP);
+    /// `as_terminal` is for a Ctrl-Z the command got because distlock had handed it the
+    /// terminal: then distlock's whole group stops, as the terminal would have stopped it.
+    fn suspend(&mut self, signal: libc::c_int, as_terminal: bool) {
         let _ = self.group.signal(libc::SIGSTOP);
-        self.group.reclaim_terminal();
-        stop_self();
+        let had_terminal = self.group.reclaim_terminal();
+        stop_self(signal, as_terminal && had_terminal);
         // Continued.
         if !self.lost_seen && !self.guard.is_held() {
             self.on_lost();

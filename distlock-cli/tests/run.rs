@@ -440,6 +440,33 @@ fn ctrl_z_on_the_terminal_suspends_the_command_with_distlock() {
 }
 
 #[test]
+fn ctrl_z_suspends_a_run_inside_a_run_at_once() {
+    let store = Store::sqlite();
+    // The outer command is a shell script that runs distlock itself.
+    let script = format!(
+        "{} -s {} run -t 1s inner -c 'echo ready; read x'; echo after",
+        env!("CARGO_BIN_EXE_distlock"),
+        store.url
+    );
+    let terminal = Terminal::spawn(
+        store.distlock(&["run", "-t", "1s", "outer", "-c", &script]),
+        Input::Terminal,
+    );
+    terminal.line_containing("ready");
+    // One Ctrl-Z: the inner command stops, the inner distlock stops its whole group (the
+    // script too) as the terminal would have, and the outer distlock follows.
+    terminal.type_text("\x1a");
+    wait_stopped(terminal.pid);
+    for key in ["inner", "outer"] {
+        store
+            .output(&["run", "-w", "60s", key, "--", "true"])
+            .expect_code(0);
+    }
+    send_signal(terminal.pid, "CONT");
+    assert_eq!(terminal.exit(PATIENCE).code(), Some(75));
+}
+
+#[test]
 fn a_command_stopped_by_the_terminal_stops_distlock_too() {
     let store = Store::sqlite();
     // distlock's stdin is not the terminal, so it keeps the terminal; the command reads
