@@ -138,30 +138,18 @@ impl Group {
             return self.signal(0).is_ok();
         };
         entries.filter_map(Result::ok).any(|entry| {
-            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-                return false;
-            };
-            // `pid (comm) state ppid pgrp ...`; comm may contain spaces and parentheses.
-            let Some(after) = stat.rfind(')').map(|end| &stat[end + 1..]) else {
-                return false;
-            };
-            let mut fields = after.split_whitespace();
-            let state = fields.next();
-            let group = fields
-                .nth(1)
-                .and_then(|pgrp| pgrp.parse::<libc::pid_t>().ok());
-            group == Some(self.id) && state != Some("Z")
+            Stat::read(&entry.path()).is_some_and(|stat| stat.group == self.id && stat.state != "Z")
         })
     }
 
     /// Takes the terminal back for distlock's own group if the command's group has it
-    /// (before distlock stops, and once the command has exited).
-    pub fn reclaim_terminal(&self) {
-        if let Some(fd) = self.terminal {
-            if sys::foreground_group(fd) == Some(self.id) {
-                let _ = sys::set_foreground_group(fd, sys::own_group());
-            }
-        }
+    /// (before distlock stops, and once the command has exited). Whether it had it.
+    pub fn reclaim_terminal(&self) -> bool {
+        let Some(fd) = self.terminal else {
+            return false;
+        };
+        sys::foreground_group(fd) == Some(self.id)
+            && sys::set_foreground_group(fd, sys::own_group()).is_ok()
     }
 
     /// Gives the terminal to the command's group if distlock's group is in the terminal's
@@ -177,12 +165,78 @@ impl Group {
     }
 }
 
-/// Stops distlock itself (SIGSTOP: the one stop it cannot catch); returns once something
-/// continues it (`fg`, `bg`, SIGCONT).
-pub fn stop_self() {
-    // kill(2) on ourselves delivers the signal before it returns, so the whole process
-    // is stopped by then; the call returns after the SIGCONT.
-    let _ = sys::kill(sys::own_pid(), libc::SIGSTOP);
+/// The fields of /proc/PID/stat that job control needs.
+struct Stat {
+    state: String,
+    parent: libc::pid_t,
+    group: libc::pid_t,
+    session: libc::pid_t,
+}
+
+impl Stat {
+    /// Reads `dir`/stat (`dir` is /proc/PID); `None` for a process gone meanwhile.
+    fn read(dir: &std::path::Path) -> Option<Stat> {
+        let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+        // `pid (comm) state ppid pgrp session ...`; comm may contain spaces and ")".
+        let after = &stat[stat.rfind(')')? + 1..];
+        let mut fields = after.split_whitespace();
+        let state = fields.next()?.to_string();
+        let mut number = || fields.next()?.parse::<libc::pid_t>().ok();
+        Some(Stat {
+            state,
+            parent: number()?,
+            group: number()?,
+            session: number()?,
+        })
+    }
+}
+
+/// Whether distlock's process group is watched from outside it: some member has a parent
+/// in another group of the same session (a shell, for its job). Otherwise the group is
+/// orphaned, and the kernel discards SIGTSTP, SIGTTIN and SIGTTOU sent to it.
+fn own_group_is_watched() -> bool {
+    let own = sys::own_group();
+    let Some(session) = Stat::read(std::path::Path::new("/proc/self")).map(|stat| stat.session)
+    else {
+        return false;
+    };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    entries.filter_map(Result::ok).any(|entry| {
+        let Some(member) = Stat::read(&entry.path()).filter(|stat| stat.group == own) else {
+            return false;
+        };
+        Stat::read(&std::path::Path::new("/proc").join(member.parent.to_string()))
+            .is_some_and(|parent| parent.group != own && parent.session == session)
+    })
+}
+
+/// Stops distlock by `signal` (SIGTSTP, SIGTTIN or SIGTTOU) as if it had no handler for
+/// it, so that what waits for distlock (a shell, an outer `distlock run`) sees the
+/// job-control stop it would have seen without distlock in between. With `whole_group`,
+/// every process of distlock's own group stops, as the terminal stops the foreground group
+/// for Ctrl-Z (a shell script that runs distlock, say, whose parent then sees it stopped).
+/// Returns once something continues distlock (`fg`, `bg`, SIGCONT).
+///
+/// A group that no process outside it (in the same session) watches, as a shell watches
+/// its jobs, is orphaned: the kernel discards these three signals for it, and distlock
+/// stops by SIGSTOP, which nothing discards.
+pub fn stop_self(signal: libc::c_int, whole_group: bool) {
+    if !own_group_is_watched() {
+        // kill(2) on ourselves delivers the signal before it returns, so the whole
+        // process is stopped by then; the call returns after the SIGCONT.
+        let _ = sys::kill(sys::own_pid(), libc::SIGSTOP);
+        return;
+    }
+    let target = if whole_group {
+        -sys::own_group()
+    } else {
+        sys::own_pid()
+    };
+    sys::with_default_action(signal, || {
+        let _ = sys::kill(target, signal);
+    });
 }
 
 /// distlock's exit code for the command's exit status: its own code, or 128+N when it was
@@ -221,6 +275,25 @@ mod sys {
     pub fn own_pid() -> libc::pid_t {
         // SAFETY: no arguments; cannot fail.
         unsafe { libc::getpid() }
+    }
+
+    /// Runs `body` with `signal` set to its default action, then puts back the action it
+    /// had (tokio's handler, or SIG_IGN). The signal's own handler thus does not see the
+    /// stop `body` sends, which would otherwise come back as one more Ctrl-Z.
+    pub fn with_default_action(signal: libc::c_int, body: impl FnOnce()) {
+        // SAFETY: sigaction(2) with local structs; the action put back is exactly the one
+        // read, so tokio's registration is left as it found it.
+        unsafe {
+            let mut default: libc::sigaction = std::mem::zeroed();
+            default.sa_sigaction = libc::SIG_DFL;
+            libc::sigemptyset(&mut default.sa_mask);
+            let mut previous: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(signal, &default, &mut previous) == -1 {
+                return;
+            }
+            body();
+            libc::sigaction(signal, &previous, std::ptr::null_mut());
+        }
     }
 
     pub fn own_group() -> libc::pid_t {

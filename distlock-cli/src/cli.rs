@@ -56,11 +56,13 @@ pub enum Command {
          SIGQUIT sent to distlock are forwarded to that group; SIGTSTP (Ctrl-Z) stops the \
          group, then distlock, and a command stopped by the terminal stops distlock too, \
          like a shell job. The lock is released once the whole group has exited (background \
-         jobs of the command included; see --kill-group-on-exit); a process that leaves the \
+         jobs of the command included; see --kill-group-on-exit, which an interrupt \
+         forwarded to the group implies); a process that leaves the \
          group (setsid, daemons) is not waited for. If the lock is lost while the command \
          runs (the store expired it, e.g. because renewals could not reach the store, or \
          distlock stayed suspended past the TTL), the group gets SIGTERM and, --kill-after \
-         later, SIGKILL; distlock then exits 75.\n\n\
+         later, SIGKILL; distlock then exits 75. SIGSTOP sent to distlock alone cannot be \
+         caught: its command runs on, unprotected once the TTL has passed.\n\n\
          Examples:\n  distlock run nightly-report -- ./report.sh --full\n  \
          distlock run -n -E 0 backup -c 'pg_dump app > /backups/app.sql'\n  \
          distlock -s postgres://app@db/app run -w 2m deploy -- make deploy\n\n{EXIT_CODES}"

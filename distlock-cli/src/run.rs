@@ -22,7 +22,7 @@ pub async fn run(args: RunArgs, store_url: &str) -> Result<u8, Failure> {
             acquired = &mut acquiring => break acquired?,
             signal = signals.recv() => match signal {
                 // Ctrl-Z while waiting: suspended like any job; the wait goes on after.
-                libc::SIGTSTP => stop_self(),
+                libc::SIGTSTP => stop_self(libc::SIGTSTP, false),
                 libc::SIGCONT => {}
                 _ => {
                     // Dropping the acquisition releases whatever it may have been granted,
@@ -136,12 +136,18 @@ async fn supervise(
         kill_at: None,
     };
     let mut status = None;
+    // An interrupt (INT, TERM, HUP, QUIT) was forwarded: the job is to end, and what the
+    // command leaves behind is stopped rather than waited for (a shell starts `cmd &`
+    // with SIGINT and SIGQUIT ignored, so forwarding alone would not end the wait).
+    let mut interrupted = false;
     let mut poll = LEFTOVERS_POLL.0;
-    loop {
+    let status = loop {
         // The lock covers every process the command started in its group, not only the
         // command: a background job of a shell script must not run on unprotected.
-        if status.is_some() && !watch.group.has_live_members() {
-            break;
+        if let Some(status) = status {
+            if !watch.group.has_live_members() {
+                break status;
+            }
         }
         tokio::select! {
             event = watch.group.next_event() => {
@@ -151,16 +157,19 @@ async fn supervise(
                 match event {
                     Event::Exited(leader) => {
                         status = Some(leader);
-                        watch.group.reclaim_terminal();
-                        if args.kill_group_on_exit && !watch.lost_seen && watch.kill_at.is_none() {
+                        let _ = watch.group.reclaim_terminal();
+                        if (args.kill_group_on_exit || interrupted)
+                            && !watch.lost_seen
+                            && watch.kill_at.is_none()
+                        {
                             watch.stop_leftovers();
                         }
                     }
                     // Ctrl-Z on the terminal the command has.
-                    Event::Stopped(libc::SIGTSTP) => watch.suspend(),
+                    Event::Stopped(libc::SIGTSTP) => watch.suspend(libc::SIGTSTP, true),
                     // The command read the terminal (or wrote, with `tostop`) from the
                     // background.
-                    Event::Stopped(libc::SIGTTIN | libc::SIGTTOU) => {
+                    Event::Stopped(signal @ (libc::SIGTTIN | libc::SIGTTOU)) => {
                         // distlock itself is in the foreground now (`fg` of a job started
                         // with `&`): the command's turn at the terminal. Otherwise the
                         // whole job waits for `fg`, as a shell's background job does.
@@ -168,13 +177,13 @@ async fn supervise(
                             let _ = watch.group.signal(libc::SIGCONT);
                         } else {
                             // A shell says "Stopped (tty input)" of its own jobs; of
-                            // distlock it can only say "Stopped (signal)".
+                            // distlock it cannot tell why.
                             eprintln!(
                                 "distlock: the command stopped to use the terminal from the background; \
                                  distlock stops with it until `fg` (meanwhile the lock on {:?} lapses after its TTL)",
                                 args.key
                             );
-                            watch.suspend();
+                            watch.suspend(signal, false);
                         }
                     }
                     // A SIGSTOP from elsewhere (a debugger, an operator): the command
@@ -183,14 +192,18 @@ async fn supervise(
                 }
             }
             signal = signals.recv() => match signal {
-                libc::SIGTSTP => watch.suspend(),
+                libc::SIGTSTP => watch.suspend(libc::SIGTSTP, false),
                 libc::SIGCONT => {
                     // Continued by `fg` after a `&`: the terminal goes to the command.
                     watch.group.hand_terminal();
                 }
-                // The group may just have exited (ESRCH): nothing left to forward to.
                 other => {
+                    // The group may just have exited (ESRCH): nothing left to forward to.
                     let _ = watch.group.signal(other);
+                    interrupted = true;
+                    if status.is_some() && !watch.lost_seen && watch.kill_at.is_none() {
+                        watch.stop_leftovers();
+                    }
                 }
             },
             () = &mut lost, if !watch.lost_seen => watch.on_lost(),
@@ -202,17 +215,11 @@ async fn supervise(
                 poll = (poll * 2).min(LEFTOVERS_POLL.1);
             }
         }
-    }
+    };
     if watch.lost_seen {
         return Ok(Supervised::Lost);
     }
-    match status {
-        Some(status) => Ok(Supervised::Exited(exit_code(status))),
-        None => Err(Failure::new(
-            UNAVAILABLE,
-            "the command's status was not seen",
-        )),
-    }
+    Ok(Supervised::Exited(exit_code(status)))
 }
 
 impl Watch<'_> {
@@ -221,10 +228,14 @@ impl Watch<'_> {
     /// Returns once distlock is continued (`fg`, `bg`, SIGCONT), having continued the
     /// command too, unless the lock was lost meanwhile: then the command gets `--on-lost`
     /// first (with SIGTERM pending, it runs no more of its own code when continued).
-    fn suspend(&mut self) {
+    ///
+    /// distlock stops by `signal`, the stop the command got (or distlock's own SIGTSTP);
+    /// `as_terminal` is for a Ctrl-Z the command got because distlock had handed it the
+    /// terminal: then distlock's whole group stops, as the terminal would have stopped it.
+    fn suspend(&mut self, signal: libc::c_int, as_terminal: bool) {
         let _ = self.group.signal(libc::SIGSTOP);
-        self.group.reclaim_terminal();
-        stop_self();
+        let had_terminal = self.group.reclaim_terminal();
+        stop_self(signal, as_terminal && had_terminal);
         // Continued.
         if !self.lost_seen && !self.guard.is_held() {
             self.on_lost();

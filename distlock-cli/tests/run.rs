@@ -440,6 +440,33 @@ fn ctrl_z_on_the_terminal_suspends_the_command_with_distlock() {
 }
 
 #[test]
+fn ctrl_z_suspends_a_run_inside_a_run_at_once() {
+    let store = Store::sqlite();
+    // The outer command is a shell script that runs distlock itself.
+    let script = format!(
+        "{} -s {} run -t 1s inner -c 'echo ready; read x'; echo after",
+        env!("CARGO_BIN_EXE_distlock"),
+        store.url
+    );
+    let terminal = Terminal::spawn(
+        store.distlock(&["run", "-t", "1s", "outer", "-c", &script]),
+        Input::Terminal,
+    );
+    terminal.line_containing("ready");
+    // One Ctrl-Z: the inner command stops, the inner distlock stops its whole group (the
+    // script too) as the terminal would have, and the outer distlock follows.
+    terminal.type_text("\x1a");
+    wait_stopped(terminal.pid);
+    for key in ["inner", "outer"] {
+        store
+            .output(&["run", "-w", "60s", key, "--", "true"])
+            .expect_code(0);
+    }
+    send_signal(terminal.pid, "CONT");
+    assert_eq!(terminal.exit(PATIENCE).code(), Some(75));
+}
+
+#[test]
 fn a_command_stopped_by_the_terminal_stops_distlock_too() {
     let store = Store::sqlite();
     // distlock's stdin is not the terminal, so it keeps the terminal; the command reads
@@ -485,6 +512,31 @@ fn the_lock_is_held_until_every_process_of_the_group_has_exited() {
         .expect_code(1);
     send_signal(member, "KILL");
     assert_eq!(run.exit_code(), 0, "{}", run.rest_of_stderr());
+    store
+        .output(&["run", "-n", "job", "--", "true"])
+        .expect_code(0);
+}
+
+#[test]
+fn ctrl_c_after_the_command_exited_stops_what_it_left_behind() {
+    let store = Store::sqlite();
+    // A non-interactive shell starts `&` jobs with SIGINT ignored.
+    let run = Running::spawn(store.distlock(&[
+        "run",
+        "--kill-after",
+        "1s",
+        "job",
+        "-c",
+        "sleep 300 & echo $$ $!; exit 0",
+    ]));
+    let line = run.line();
+    let (command, member) = line.split_once(' ').expect("two pids");
+    let (command, member): (u32, u32) =
+        (command.parse().expect("pid"), member.parse().expect("pid"));
+    wait_gone(command);
+    run.signal("INT");
+    assert_eq!(run.exit_code(), 0, "{}", run.rest_of_stderr());
+    assert!(!is_alive(member), "stopped before the release");
     store
         .output(&["run", "-n", "job", "--", "true"])
         .expect_code(0);

@@ -18,14 +18,19 @@ pub(crate) fn map(dialect: Dialect, doing: &str, err: sqlx::Error) -> Error {
     }
 }
 
-/// Whether `err` is a statement that gave up waiting for another transaction's row lock
-/// (MariaDB's lock wait time-out, 1205, which the acquire statement sets short); the
-/// statement was rolled back, so it wrote nothing.
+/// Whether `err` is a statement that gave up waiting for another transaction's lock
+/// (MariaDB's lock wait time-out, 1205, PostgreSQL's `lock_timeout`, 55P03, both of which
+/// the acquire statement sets short); the statement was rolled back, so it wrote nothing.
 pub(crate) fn lock_wait_timed_out(dialect: Dialect, err: &sqlx::Error) -> bool {
     let sqlx::Error::Database(db) = err else {
         return false;
     };
-    dialect == Dialect::MySql && error_code(db.as_ref()).as_deref() == Some("1205")
+    let code = error_code(db.as_ref());
+    match dialect {
+        Dialect::MySql => code.as_deref() == Some("1205"),
+        Dialect::Postgres => code.as_deref() == Some("55P03"),
+        Dialect::Sqlite => false,
+    }
 }
 
 const UNREACHABLE: &str = "the database could not be reached or is busy";
@@ -92,6 +97,8 @@ fn postgres_code(code: &str) -> (ErrorKind, &'static str) {
         // Connection exception; serialization failure or deadlock; resources; operator
         // intervention (shutdown, cancelled by the statement time-out, starting up).
         (Some("08" | "40" | "53" | "57"), _) => (ErrorKind::Unavailable, UNREACHABLE),
+        // A lock wait past lock_timeout (set by an `options` parameter).
+        (_, "55P03") => (ErrorKind::Unavailable, UNREACHABLE),
         (_, "3D000") => (ErrorKind::Misconfigured, NO_DATABASE),
         // Undefined table or column, wrong data type, a table where a sequence belongs.
         (_, "42P01" | "42703" | "42804" | "42809") => (ErrorKind::Misconfigured, TABLE_SHAPE),
@@ -160,7 +167,7 @@ mod tests {
         assert_eq!(pg("28000"), ErrorKind::PermissionDenied);
         assert_eq!(pg("42501"), ErrorKind::PermissionDenied);
         for transient in [
-            "57P01", "57P02", "57P03", "57014", "40001", "25006", "08006",
+            "57P01", "57P02", "57P03", "57014", "40001", "25006", "08006", "55P03",
         ] {
             assert_eq!(pg(transient), ErrorKind::Unavailable, "{transient}");
         }

@@ -465,6 +465,7 @@ on_database! {
         grant_after_a_long_lock_wait_is_not_born_expired,
         takeover_token_is_drawn_under_the_row_lock,
         regrant_and_renewal_never_shorten_the_expiry,
+        contended_acquire_does_not_wait_out_a_row_lock,
     ],
     mariadb => [
         acquire_abandoned_in_a_row_lock_wait_leaves_nothing_held,

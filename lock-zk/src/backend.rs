@@ -828,6 +828,48 @@ impl LockBackend for ZkBackend {
         }))
     }
 
+    async fn list_held(&self, prefix: &str, limit: usize) -> Result<Vec<(LockKey, HolderInfo)>> {
+        let config = &self.inner.config;
+        if config.layout != Layout::Distlock {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "zookeeper: with layout=curator the lock paths are anywhere in the tree, so \
+                 held keys cannot be listed",
+            ));
+        }
+        let root = &config.root;
+        self.catch_up(root).await?;
+        let names = match self.inner.control.list_children(root).await {
+            Ok(names) => names,
+            Err(ZkError::NoNode) => return Ok(Vec::new()),
+            Err(err) => return Err(from_zk(err, "listing the lock root")),
+        };
+        let mut keys: Vec<LockKey> = names
+            .iter()
+            .filter_map(|name| decode_key(name))
+            .filter(|key| key.starts_with(prefix))
+            .filter_map(|key| LockKey::new(key).ok())
+            .collect();
+        keys.sort();
+        // Most parents of a busy root are empty or reaped; look at many at once, in order.
+        let mut looks = futures_util::stream::iter(keys)
+            .map(|key| async move {
+                let info = self.inspect(&key).await;
+                (key, info)
+            })
+            .buffered(32);
+        let mut held = Vec::new();
+        while held.len() < limit {
+            let Some((key, info)) = looks.next().await else {
+                break;
+            };
+            if let Some(info) = info? {
+                held.push((key, info));
+            }
+        }
+        Ok(held)
+    }
+
     async fn enqueue(&self, request: &AcquireRequest) -> Result<()> {
         let span = tracing::debug_span!("zk.enqueue", key = %request.key());
         self.own_node(request).instrument(span).await.map(|_| ())

@@ -24,6 +24,12 @@ pub(crate) struct ZkSession {
     pub(crate) ttl: Duration,
     /// The server's id of the session (the `ephemeralOwner` of its nodes).
     pub(crate) id: i64,
+    /// How often the session is kept alive: every third of the TTL, and at least every
+    /// half tick. The leader hears of a session's requests to a follower only when it
+    /// pings the follower (every half tick); with a request every half tick, the leader
+    /// has heard of one sent no more than a tick before any keep-alive it answered, which
+    /// the extra tick of the session's timeout covers.
+    keep_alive_every: Duration,
 }
 
 impl ZkSession {
@@ -142,6 +148,7 @@ pub(crate) async fn open_session(config: &ZkConfig, ttl: Duration) -> Result<ZkS
     Ok(ZkSession {
         keeper: SessionKeeper::new(sent_at, ttl),
         ttl,
+        keep_alive_every: (ttl / 3).min(config.tick() / 2),
         id: client.session_id().0,
         client: Mutex::new(Some(client)),
     })
@@ -171,13 +178,14 @@ pub(crate) async fn connect(config: &ZkConfig, timeout: Duration) -> Result<Clie
 
 /// Reports one session until it ends: its keep-alives and the client's connection state.
 async fn follow(session: Weak<ZkSession>) {
-    let Some((mut state, ttl)) = session
-        .upgrade()
-        .and_then(|s| s.client().ok().map(|c| (c.state_watcher(), s.ttl)))
-    else {
+    let Some((mut state, every)) = session.upgrade().and_then(|s| {
+        s.client()
+            .ok()
+            .map(|c| (c.state_watcher(), s.keep_alive_every))
+    }) else {
         return;
     };
-    let mut next_keep_alive = tokio::time::Instant::now() + ttl / 3;
+    let mut next_keep_alive = tokio::time::Instant::now() + every;
     loop {
         tokio::select! {
             changed = state.changed() => {
@@ -195,7 +203,7 @@ async fn follow(session: Weak<ZkSession>) {
                 let Some(session) = session.upgrade() else { return };
                 // Counted from the send, not the answer: a slow answer must not push the
                 // next keep-alive past the deadline the last one set.
-                next_keep_alive = tokio::time::Instant::now() + ttl / 3;
+                next_keep_alive = tokio::time::Instant::now() + every;
                 keep_alive(&session).await;
                 if session.keeper.status().expired {
                     return;

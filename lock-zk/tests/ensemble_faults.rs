@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use conformance_tests::harness::{granted_within, spawn_lock};
 use conformance_tests::proxy::ProxyMode;
+use conformance_tests::store_process::ZOOKEEPER_TICK_MS;
 use conformance_tests::SLACK;
 use lock_core::{AcquireOptions, Backoff, LockClient, Wait};
 
@@ -15,7 +16,7 @@ use support::{connect, zk_url, ProxiedEnsemble};
 
 /// The test ensemble's `syncLimit × tickTime`: how long a follower cut off from its
 /// leader keeps serving its clients.
-const FOLLOWER_GIVES_UP: Duration = Duration::from_millis(20 * 100);
+const FOLLOWER_GIVES_UP: Duration = Duration::from_millis(20 * ZOOKEEPER_TICK_MS);
 
 /// A holder connected to a follower that is cut off from the leader: the follower keeps
 /// answering reads until it gives up on the leader, but the leader counts the holder's

@@ -44,7 +44,7 @@ pub use privileges::system_user;
 pub use spec::StoreSpec;
 pub use zookeeper::{
     zookeeper_mode, ZookeeperPeer, ZOOKEEPER_MAX_SESSION_TIMEOUT_MS,
-    ZOOKEEPER_MIN_SESSION_TIMEOUT_MS,
+    ZOOKEEPER_MIN_SESSION_TIMEOUT_MS, ZOOKEEPER_TICK_MS,
 };
 
 use binary::{missing, resolve_binary};

@@ -25,8 +25,11 @@ const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
 
 /// The shortest session timeout the test servers grant, in milliseconds.
 pub const ZOOKEEPER_MIN_SESSION_TIMEOUT_MS: u64 = 200;
-/// The longest session timeout the test servers grant, in milliseconds.
-pub const ZOOKEEPER_MAX_SESSION_TIMEOUT_MS: u64 = 120_000;
+/// The longest session timeout the test servers grant, in milliseconds: two minutes of TTL
+/// plus the one tick a client adds to its sessions' timeouts.
+pub const ZOOKEEPER_MAX_SESSION_TIMEOUT_MS: u64 = 120_000 + ZOOKEEPER_TICK_MS;
+/// The test servers' `tickTime`, in milliseconds.
+pub const ZOOKEEPER_TICK_MS: u64 = 100;
 
 /// One member of a ZooKeeper ensemble on loopback: its id and the quorum and election
 /// ports every member must know before any starts (choose them with
@@ -121,7 +124,7 @@ fn zookeeper_with(member: Option<u8>, peers: Vec<ZookeeperPeer>, ttl_nodes: bool
 
 fn config_text(port: u16, data_dir: &Path, peers: &[ZookeeperPeer]) -> String {
     let mut text = format!(
-        "tickTime=100\n\
+        "tickTime={ZOOKEEPER_TICK_MS}\n\
          initLimit=50\n\
          syncLimit=20\n\
          minSessionTimeout={ZOOKEEPER_MIN_SESSION_TIMEOUT_MS}\n\

@@ -9,7 +9,7 @@ use std::time::Duration;
 use conformance_tests::proxy::{ProxyMode, TcpFaultProxy};
 use conformance_tests::store_process::{
     free_port, StoreProcess, StoreSpec, ZookeeperPeer, ZOOKEEPER_MAX_SESSION_TIMEOUT_MS,
-    ZOOKEEPER_MIN_SESSION_TIMEOUT_MS,
+    ZOOKEEPER_MIN_SESSION_TIMEOUT_MS, ZOOKEEPER_TICK_MS,
 };
 use conformance_tests::{BackendFactory, LinkControl};
 use lock_core::{async_trait, backend::DynBackend};
@@ -49,11 +49,11 @@ async fn try_start_ensemble() -> Result<Vec<StoreProcess>, String> {
     Ok(vec![started(a)?, started(b)?, started(c)?])
 }
 
-/// The options every test URL carries: the test servers' session limits and a control
-/// session that notices a dead server quickly.
+/// The options every test URL carries: the test servers' session limits and tick, and a
+/// control session that notices a dead server quickly.
 pub fn test_options() -> String {
     format!(
-        "min_ttl_ms={ZOOKEEPER_MIN_SESSION_TIMEOUT_MS}&max_ttl_ms={ZOOKEEPER_MAX_SESSION_TIMEOUT_MS}&session_timeout_ms=4000"
+        "min_ttl_ms={ZOOKEEPER_MIN_SESSION_TIMEOUT_MS}&max_ttl_ms={ZOOKEEPER_MAX_SESSION_TIMEOUT_MS}&tick_ms={ZOOKEEPER_TICK_MS}&session_timeout_ms=4000"
     )
 }
 
