@@ -365,7 +365,14 @@ impl<B: LockBackend + ?Sized> LockBackendExt for B {
     async fn acquire_once(&self, request: &AcquireRequest, timeout: Duration) -> Result<Lease> {
         self.capabilities().check_ttl(request.ttl())?;
         let sent_at = Instant::now();
-        let reply = within(sent_at, timeout, "acquire", self.try_acquire(request)).await;
+        let reply = request
+            .attempt(within(
+                sent_at,
+                timeout,
+                "acquire",
+                self.try_acquire(request),
+            ))
+            .await;
         match answered(request, reply)? {
             Some(grant) => request.checked_on_arrival(request.grant(grant, sent_at)),
             None => Err(held_by_another(request.key())),
@@ -378,13 +385,14 @@ impl<B: LockBackend + ?Sized> LockBackendExt for B {
         timeout: Duration,
     ) -> Result<QueuedAttempt> {
         let sent_at = Instant::now();
-        let turn = within(
-            sent_at,
-            timeout,
-            "acquire",
-            self.try_acquire_queued(request),
-        )
-        .await;
+        let turn = request
+            .attempt(within(
+                sent_at,
+                timeout,
+                "acquire",
+                self.try_acquire_queued(request),
+            ))
+            .await;
         Ok(match answered(request, turn)? {
             Turn::Granted(grant) => {
                 QueuedAttempt::Granted(request.checked_on_arrival(request.grant(grant, sent_at))?)

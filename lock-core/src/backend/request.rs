@@ -1,6 +1,7 @@
 //! What a backend is asked to grant.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,7 +15,7 @@ use crate::session::Session;
 /// Everything a backend needs to grant one acquisition.
 ///
 /// Clones are the same acquisition: they share the record of whether any attempt went
-/// unanswered.
+/// unanswered, or is still on its way.
 #[derive(Clone, Debug)]
 pub struct AcquireRequest {
     key: LockKey,
@@ -24,6 +25,9 @@ pub struct AcquireRequest {
     renewal: Renewal,
     holder_label: Option<Arc<str>>,
     unanswered: Arc<AtomicBool>,
+    /// Attempts sent whose outcome nobody has heard: a future dropped mid-attempt leaves
+    /// its count here, since its request may still reach the store.
+    in_flight: Arc<AtomicUsize>,
 }
 
 impl AcquireRequest {
@@ -37,6 +41,7 @@ impl AcquireRequest {
             renewal: Renewal::Manual,
             holder_label: None,
             unanswered: Arc::default(),
+            in_flight: Arc::default(),
         }
     }
 
@@ -78,6 +83,21 @@ impl AcquireRequest {
     /// Whether any attempt of this acquisition went unanswered.
     pub fn had_unanswered_attempt(&self) -> bool {
         self.unanswered.load(Ordering::Relaxed)
+    }
+
+    /// Runs one attempt of this acquisition, counted as on its way until it returns: if
+    /// the caller drops it first, the request may still reach the store.
+    pub(crate) async fn attempt<T>(&self, attempt: impl Future<Output = T>) -> T {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        let outcome = attempt.await;
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        outcome
+    }
+
+    /// Whether an attempt may still land in the store after now: one went unanswered, or
+    /// one was abandoned on its way.
+    pub(crate) fn may_land_late(&self) -> bool {
+        self.had_unanswered_attempt() || self.in_flight.load(Ordering::Relaxed) > 0
     }
 
     /// The same request under a chosen lease id (a retry, or a test).

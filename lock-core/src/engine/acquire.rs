@@ -116,6 +116,7 @@ async fn acquire_lease(
             .with_holder_label(options.holder_label.clone());
         let mut cleanup = AbandonedAttempt {
             backend: backend.clone(),
+            request: request.clone(),
             release: Some(CleanupOf {
                 what: Cleanup::Release,
                 key: request.key().clone(),
@@ -207,15 +208,18 @@ impl Drop for GivingBack {
 /// that leaves it unknown whether the store granted it.
 struct AbandonedAttempt {
     backend: DynBackend,
+    request: AcquireRequest,
     release: Option<CleanupOf>,
 }
 
 impl Drop for AbandonedAttempt {
     fn drop(&mut self) {
         if let Some(release) = self.release.take() {
-            // Any attempt still on its way lands within about a request timeout.
-            let timeout = release.timeout;
-            release.spawn(&self.backend, &[Duration::ZERO, timeout]);
+            // An attempt still on its way lands within about a request timeout; with none
+            // (a wait cancelled between attempts) one release is all it takes.
+            let again = self.request.may_land_late().then_some(release.timeout);
+            let schedule: Vec<Duration> = std::iter::once(Duration::ZERO).chain(again).collect();
+            release.spawn(&self.backend, &schedule);
         }
     }
 }
@@ -238,6 +242,7 @@ mod tests {
         land_after: Duration,
         feed: ReleaseFeed,
         attempts: AtomicU64,
+        releases: AtomicU64,
     }
 
     impl TestLink {
@@ -247,6 +252,7 @@ mod tests {
                 land_after,
                 feed: ReleaseFeed::new(),
                 attempts: AtomicU64::new(0),
+                releases: AtomicU64::new(0),
             })
         }
     }
@@ -274,6 +280,7 @@ mod tests {
             self.store.renew(key, lease_id, ttl).await
         }
         async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
+            self.releases.fetch_add(1, Ordering::SeqCst);
             let released = self.store.release(key, lease_id).await;
             self.feed.released(key.as_str());
             released
@@ -327,6 +334,42 @@ mod tests {
         while !check() {
             assert!(Instant::now() < deadline, "not true within 5 s");
             tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// A wait cancelled between attempts has nothing on its way to the store: one release
+    /// cleans up, without a second one a request timeout later (which a process exiting
+    /// after Ctrl-C would otherwise wait for or cut off). Cancelled mid-attempt, the second
+    /// release still follows.
+    #[tokio::test]
+    async fn only_an_attempt_on_its_way_gets_a_second_release() {
+        let store = MemoryBackend::new();
+        let holder = LockClient::new(store.clone());
+        let _held = holder.lock("k").await.unwrap();
+        let request_timeout = Duration::from_millis(200);
+        for (land_after, cancel_after, expected) in [
+            // Attempts answered at once; cancelled while waiting for the next poll.
+            (Duration::ZERO, Duration::from_millis(50), 1),
+            // Cancelled while an attempt is on its way.
+            (Duration::from_millis(100), Duration::from_millis(50), 2),
+        ] {
+            let link = TestLink::new(store.clone(), land_after);
+            let client = LockClient::from_dyn(link.clone()).with_defaults(AcquireOptions {
+                request_timeout,
+                backoff: crate::Backoff {
+                    initial: Duration::from_secs(1),
+                    max: Duration::from_secs(1),
+                },
+                ..AcquireOptions::default()
+            });
+            let waiting = client.lock("k").into_future();
+            assert!(tokio::time::timeout(cancel_after, waiting).await.is_err());
+            tokio::time::sleep(request_timeout * 3).await;
+            assert_eq!(
+                link.releases.load(Ordering::SeqCst),
+                expected,
+                "attempts landing after {land_after:?}, cancelled after {cancel_after:?}"
+            );
         }
     }
 

@@ -26,6 +26,7 @@ pub(crate) async fn acquire_in_queue(
 ) -> Result<Lease> {
     let mut place = QueuePlace {
         backend: backend.clone(),
+        request: request.clone(),
         leave: Some(CleanupOf {
             what: Cleanup::LeaveQueue,
             key: request.key().clone(),
@@ -110,7 +111,9 @@ async fn enqueue_within(
 
 async fn enqueue(backend: &DynBackend, request: &AcquireRequest, timeout: Duration) -> Result<()> {
     let sent = Instant::now();
-    let result = with_timeout(timeout, "enqueue", backend.enqueue(request)).await;
+    let result = request
+        .attempt(with_timeout(timeout, "enqueue", backend.enqueue(request)))
+        .await;
     if let Err(err) = &result {
         if err.kind() == ErrorKind::Unavailable {
             request.note_unanswered();
@@ -128,13 +131,21 @@ fn waiting(key: &LockKey) -> Error {
 }
 
 /// Leaves the queue however the wait ends without a grant, in the background so that a
-/// cancelled waiter still leaves, and again and again until the store answers.
+/// cancelled waiter still leaves, and again and again until the store answers; once more
+/// a request timeout later when an enqueue may still land (it went unanswered, or was
+/// abandoned on its way).
 struct QueuePlace {
     backend: DynBackend,
+    request: AcquireRequest,
     leave: Option<CleanupOf>,
 }
 
 impl QueuePlace {
+    /// When to leave again after a first leave now.
+    fn again(&self, timeout: Duration) -> Option<Duration> {
+        self.request.may_land_late().then_some(timeout)
+    }
+
     async fn leave(&mut self) {
         let Some(leave) = self.leave.take() else {
             return;
@@ -145,9 +156,16 @@ impl QueuePlace {
             self.backend.leave_queue(&leave.key, leave.lease_id),
         )
         .await;
-        if let Err(err) = left {
-            tracing::debug!(error = %err, key = %leave.key, "leaving the queue failed; retrying in the background");
-            leave.spawn(&self.backend, &[Duration::ZERO]);
+        let retry = match left {
+            Ok(()) => None,
+            Err(err) => {
+                tracing::debug!(error = %err, key = %leave.key, "leaving the queue failed; retrying in the background");
+                Some(Duration::ZERO)
+            }
+        };
+        let schedule: Vec<Duration> = retry.into_iter().chain(self.again(leave.timeout)).collect();
+        if !schedule.is_empty() {
+            leave.spawn(&self.backend, &schedule);
         }
     }
 }
@@ -155,7 +173,10 @@ impl QueuePlace {
 impl Drop for QueuePlace {
     fn drop(&mut self) {
         if let Some(leave) = self.leave.take() {
-            leave.spawn(&self.backend, &[Duration::ZERO]);
+            let schedule: Vec<Duration> = std::iter::once(Duration::ZERO)
+                .chain(self.again(leave.timeout))
+                .collect();
+            leave.spawn(&self.backend, &schedule);
         }
     }
 }
