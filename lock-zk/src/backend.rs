@@ -671,10 +671,33 @@ async fn end_unrenewed(inner: Weak<Inner>, lease: LeaseId, own: Own, keeper: Arc
     if let Some(inner) = inner.upgrade() {
         inner.forget(lease, Some(&own.name));
     }
-    if let Ok(client) = own.session.client() {
-        if let Err(err) = delete_node(&client, &own.path()).await {
-            tracing::debug!(error = %err, "deleting an expired lease's node failed; it ends with its session");
-        }
+    // Retried until it lands or the session ends (taking the node with it): the session is
+    // shared and kept alive for as long as the client lives, so a node whose delete failed
+    // once (a short disconnect) would otherwise block the key for as long.
+    let path = own.path();
+    let backoff = lock_core::Backoff {
+        initial: Duration::from_millis(50),
+        max: own.session.ttl,
+    };
+    let (outcome, tries) = backoff
+        .retry_while(
+            || own.session.client().is_ok(),
+            || async {
+                let Ok(client) = own.session.client() else {
+                    return Ok(false);
+                };
+                match tokio::time::timeout(own.session.ttl, delete_node(&client, &path)).await {
+                    Ok(deleted) => deleted,
+                    Err(_) => Err(Error::new(
+                        ErrorKind::Unavailable,
+                        "zookeeper: deleting the lock node went unanswered",
+                    )),
+                }
+            },
+        )
+        .await;
+    if let Err(err) = outcome {
+        tracing::debug!(error = %err, tries, "deleting an expired lease's node failed; it ends with its session");
     }
 }
 

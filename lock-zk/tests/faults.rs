@@ -546,3 +546,40 @@ async fn a_server_without_ttl_nodes_refuses_idempotent_runs_before_the_work() {
             .records
     );
 }
+
+/// A lease renewed by hand that is not renewed is ended by its client, which deletes its
+/// node; the session it lives in is shared and kept alive. When that delete fails (the
+/// link is torn down just then) and the link comes back before the server ends the
+/// session, the delete is retried: the key is free again, instead of blocked for as long
+/// as the client lives. (At the backend level: the core's own release of a lost lease is
+/// retried too, and would hide whether the backend retries.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unrenewed_manual_lease_is_deleted_once_the_link_is_back() {
+    let server = start_zookeeper().await;
+    let proxy = TcpFaultProxy::start(server.addr()).await.unwrap();
+    let holder = connect(&zk_url(&[proxy.addr()], "")).await;
+    let rival = LockClient::from_dyn(connect(&zk_url(&[server.addr()], "")).await);
+    let key = LockKey::new(key("manual-cut")).unwrap();
+    let ttl = Duration::from_secs(3);
+    let request = AcquireRequest::new(key.clone(), ttl, default_drift_allowance(ttl))
+        .with_renewal(Renewal::Manual);
+    let lease = holder.acquire_once(&request, ttl).await.unwrap();
+    // Silences the link shortly before the lease's end, so the client's delete goes out
+    // and stays unanswered; then tears the connection down, which fails the delete, and
+    // heals the link well within the session's timeout, so the session lives on (and,
+    // without a retry, the node with it).
+    let end = tokio::time::Instant::from_std(lease.valid_until());
+    tokio::time::sleep_until(end - ttl / 10).await;
+    proxy.set_mode(ProxyMode::BlackHole);
+    tokio::time::sleep_until(end + ttl / 20).await;
+    proxy.set_mode(ProxyMode::Reset);
+    tokio::time::sleep(ttl / 20).await;
+    proxy.set_mode(ProxyMode::Pass);
+    let taken = rival
+        .lock(key.as_str())
+        .wait_up_to(ttl * 3)
+        .await
+        .expect("the key is free once the link is back");
+    assert!(taken.token() > lease.token());
+    taken.release().await.unwrap();
+}
