@@ -8,9 +8,10 @@ use crate::duration::parse_duration;
 
 const EXIT_CODES: &str = "\
 Exit codes:
-  0    success (run: the command's own status; status: every key is held)
-  1    the lock was not acquired (-n, or --wait ran out; see -E); status: a key is free
-  2    usage error (bad option, key, duration or store URL)
+  0    success (run: the command's own status; status: every key is held; break: broken)
+  1    the lock was not acquired (-n, or --wait ran out; see -E); status: a key is free;
+       break: not broken (the key is free, or held under another token)
+  2    usage error (bad option, key, duration or store URL; list: a store that cannot list)
   69   the store is unavailable (unreachable, refused the credentials, misconfigured)
   75   the lock was lost while the command ran (the command was stopped, see --on-lost)
   126  the command could not be executed
@@ -27,7 +28,7 @@ Stores:
   the error for an unknown one). Passwords are never printed.";
 
 /// Distributed locks from the shell: run a command under a lock, see who holds a lock,
-/// compare the stores.
+/// break a stuck one, compare the stores.
 #[derive(Debug, Parser)]
 #[command(name = "distlock", version, about, after_help = format!("{STORE_HELP}\n\n{EXIT_CODES}"))]
 pub struct Cli {
@@ -76,6 +77,35 @@ pub enum Command {
         2   usage error\n  69  the store is unavailable"
     )]
     Status(StatusArgs),
+
+    /// List the held keys (all, or those starting with PREFIX): fencing token, remaining
+    /// TTL, waiters, holder label.
+    #[command(
+        after_help = "The holders' lease ids are never shown. Keys come in key \
+        order, at most --limit of them; when more are held, a note on stderr (and \
+        \"truncated\": true in the JSON) says the list was cut. A store that cannot list \
+        its keys is refused with exit 2 (the README says which can); `distlock status KEY` \
+        still looks up a key you know.\n\n\
+        Exit codes:\n  0   listed (also when no key is held)\n  \
+        2   usage error, or a store that cannot list its keys\n  \
+        69  the store is unavailable"
+    )]
+    List(ListArgs),
+
+    /// Release a stuck key on behalf of its holder, named by its fencing token.
+    #[command(
+        after_help = "The way out of a key whose holder is stuck but alive and \
+        renewing: find its token with `distlock status KEY` or `distlock list`, then \
+        `distlock break KEY --token N`. Only the holder of that token is released: if the \
+        key moved on to another holder (another token), or is free, nothing is touched. \
+        The holder learns of it at its next renewal, as of any lost lock (a `distlock run` \
+        stops its command and exits 75); whatever it still writes is fenced out by the \
+        next holder's greater token.\n\n\
+        Exit codes:\n  0   broken: the holder of that token was released\n  \
+        1   not broken: the key is held under another token, or is free\n  \
+        2   usage error\n  69  the store is unavailable"
+    )]
+    Break(BreakArgs),
 
     /// Measure the stores side by side: acquire+release latency, throughput on distinct
     /// keys, handovers on one key.
@@ -175,6 +205,39 @@ pub struct StatusArgs {
     /// The keys to look up.
     #[arg(required = true, value_name = "KEY")]
     pub keys: Vec<String>,
+}
+
+/// `distlock list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// One JSON object on stdout: `keys`, an array with one object per held key (as
+    /// `status --json` gives them), and `truncated`.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Show at most this many keys.
+    #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub limit: u32,
+
+    /// Only the keys starting with this (default: every key).
+    #[arg(value_name = "PREFIX")]
+    pub prefix: Option<String>,
+}
+
+/// `distlock break`.
+#[derive(Debug, Args)]
+pub struct BreakArgs {
+    /// The holder's fencing token, as `status` or `list` shows it.
+    #[arg(long, value_name = "N")]
+    pub token: u64,
+
+    /// One JSON object on stdout: `key`, `token`, `broken` and, when not broken, `reason`
+    /// ("moved on" or "free").
+    #[arg(long)]
+    pub json: bool,
+
+    /// The key to release.
+    pub key: String,
 }
 
 /// `distlock bench`.

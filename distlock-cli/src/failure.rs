@@ -7,6 +7,8 @@ use distlock::{Error, ErrorKind};
 
 /// The lock was not acquired (the default of `-E`), or `status` found a free key.
 pub const NOT_ACQUIRED: u8 = 1;
+/// `break` released nothing: the key is free, or held under another token.
+pub const NOT_BROKEN: u8 = 1;
 /// Bad command line.
 pub const USAGE: u8 = 2;
 /// The store could not be used (sysexits' `EX_UNAVAILABLE`).

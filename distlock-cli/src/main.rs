@@ -1,10 +1,12 @@
 //! `distlock`, the command-line tool of distlock: run a command under a lock, see who
-//! holds a lock, compare the stores.
+//! holds a lock, break a stuck one, compare the stores.
 //!
 //! ```sh
 //! distlock run nightly -- ./report.sh          # waits for the lock, runs, releases
 //! distlock run -n -E 0 backup -c 'make backup' # skip quietly (exit 0) if already running
 //! distlock status nightly --json               # token, remaining TTL, waiters, holder
+//! distlock list reports/                       # the held keys starting with reports/
+//! distlock break nightly --token 41            # release a stuck holder by its token
 //! distlock bench --svg bench.svg               # memory vs SQLite; add --store URL ...
 //! ```
 //!
@@ -14,10 +16,12 @@
 //! repository's README.
 
 mod bench;
+mod break_lock;
 mod child;
 mod cli;
 mod duration;
 mod failure;
+mod list;
 mod run;
 mod status;
 mod store;
@@ -90,6 +94,8 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
     match cli.command {
         Command::Run(args) => run::run(args, &store::resolve(&cli.stores)?).await,
         Command::Status(args) => status::status(args, &store::resolve(&cli.stores)?).await,
+        Command::List(args) => list::list(args, &store::resolve(&cli.stores)?).await,
+        Command::Break(args) => break_lock::break_lock(args, &store::resolve(&cli.stores)?).await,
         Command::Bench(args) => bench::bench(args, cli.stores).await,
     }
 }

@@ -35,7 +35,7 @@ pub async fn status(args: StatusArgs, store_url: &str) -> Result<u8, Failure> {
 }
 
 /// `KEY: held, token N, expires in 27.1s, 2 waiting, holder "..."` or `KEY: free`.
-fn as_line(key: &str, status: Option<&LockStatus>) -> String {
+pub fn as_line(key: &str, status: Option<&LockStatus>) -> String {
     let Some(status) = status else {
         return format!("{key}: free");
     };
@@ -54,7 +54,7 @@ fn as_line(key: &str, status: Option<&LockStatus>) -> String {
 }
 
 /// One key's object; `waiters` and `holder` are null where the store does not know them.
-fn as_json(key: &str, status: Option<&LockStatus>) -> serde_json::Value {
+pub fn as_json(key: &str, status: Option<&LockStatus>) -> serde_json::Value {
     match status {
         None => json!({ "key": key, "held": false }),
         Some(status) => json!({
