@@ -44,6 +44,9 @@ pub struct Capabilities {
     pub min_ttl: Duration,
     /// The longest TTL the store can keep.
     pub max_ttl: Duration,
+    /// How to allow longer TTLs, where the longest is a setting of the store or of the
+    /// URL: said in the error that refuses a TTL above [`max_ttl`](Self::max_ttl).
+    pub max_ttl_hint: Option<&'static str>,
     /// The store keeps TTLs rounded up to a multiple of this.
     pub ttl_granularity: Duration,
     /// The store keeps idempotency records beside its locks, written fenced by the lock
@@ -66,6 +69,7 @@ impl Default for Capabilities {
             liveness: Liveness::PerLease,
             min_ttl: Duration::from_millis(1),
             max_ttl: Duration::from_secs(24 * 60 * 60),
+            max_ttl_hint: None,
             ttl_granularity: Duration::from_millis(1),
             records: false,
         }
@@ -92,8 +96,11 @@ impl Capabilities {
         }
         if ttl > self.max_ttl {
             return Err(Error::invalid(format!(
-                "TTL {ttl:?} is above this backend's maximum of {:?}",
-                self.max_ttl
+                "TTL {ttl:?} is above this backend's maximum of {:?}{}",
+                self.max_ttl,
+                self.max_ttl_hint
+                    .map(|hint| format!("; to raise it, {hint}"))
+                    .unwrap_or_default()
             )));
         }
         Ok(())
@@ -129,6 +136,25 @@ mod tests {
         assert!(caps.check_ttl(Duration::from_secs(61)).is_err());
         assert!(caps.check_ttl(Duration::MAX).is_err());
         assert!(caps.check_ttl(Duration::from_millis(10)).is_ok());
+    }
+
+    #[test]
+    fn a_too_long_ttl_says_how_to_raise_the_maximum_where_the_backend_can() {
+        let fixed = Capabilities::default();
+        let message = fixed.check_ttl(Duration::from_secs(200_000)).unwrap_err();
+        assert!(!message.to_string().contains("raise"), "{message}");
+        let configurable = Capabilities {
+            max_ttl_hint: Some("set max_ttl_ms"),
+            ..Capabilities::default()
+        };
+        let message = configurable
+            .check_ttl(Duration::from_secs(200_000))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.ends_with("; to raise it, set max_ttl_ms"),
+            "{message}"
+        );
     }
 
     #[test]

@@ -143,6 +143,10 @@ impl ZkBackend {
                     min_ttl: config.min_ttl,
                     // A session's timeout is its leases' TTL plus one tick.
                     max_ttl: config.max_ttl.saturating_sub(config.tick()),
+                    max_ttl_hint: Some(
+                        "raise the server's maxSessionTimeout and set the URL's max_ttl_ms to it \
+                         (the longest TTL is max_ttl_ms less tick_ms)",
+                    ),
                     ..Capabilities::default()
                 },
                 sessions: Sessions::new(config.clone()),
