@@ -98,9 +98,11 @@ pub enum Command {
         renewing: find its token with `distlock status KEY` or `distlock list`, then \
         `distlock break KEY --token N`. Only the holder of that token is released: if the \
         key moved on to another holder (another token), or is free, nothing is touched. \
-        The holder learns of it at its next renewal, as of any lost lock (a `distlock run` \
-        stops its command and exits 75); whatever it still writes is fenced out by the \
-        next holder's greater token.\n\n\
+        The holder learns of it as of any lost lock (a `distlock run` \
+        stops its command and exits 75): at its next renewal on stores that renew each \
+        lease, but on etcd and ZooKeeper, whose leases live as long as the holder's \
+        session, only when it releases the key. Whatever it still writes meanwhile is \
+        fenced out by the next holder's greater token (pass DISTLOCK_TOKEN on).\n\n\
         Exit codes:\n  0   broken: the holder of that token was released\n  \
         1   not broken: the key is held under another token, or is free\n  \
         2   usage error\n  69  the store is unavailable"
