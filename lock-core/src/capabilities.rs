@@ -44,6 +44,9 @@ pub struct Capabilities {
     pub min_ttl: Duration,
     /// The longest TTL the store can keep.
     pub max_ttl: Duration,
+    /// Where [`records`](Self::records) is off by the store's settings, how to turn them
+    /// on: said in the error that refuses an idempotent run.
+    pub records_hint: Option<&'static str>,
     /// How to allow longer TTLs, where the longest is a setting of the store or of the
     /// URL: said in the error that refuses a TTL above [`max_ttl`](Self::max_ttl).
     pub max_ttl_hint: Option<&'static str>,
@@ -70,6 +73,7 @@ impl Default for Capabilities {
             min_ttl: Duration::from_millis(1),
             max_ttl: Duration::from_secs(24 * 60 * 60),
             max_ttl_hint: None,
+            records_hint: None,
             ttl_granularity: Duration::from_millis(1),
             records: false,
         }

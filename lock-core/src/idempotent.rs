@@ -147,10 +147,17 @@ impl IdempotentRequest {
     {
         let key = self.key?;
         let backend = &self.core.backend;
-        if !backend.capabilities().records {
+        let caps = backend.capabilities();
+        if !caps.records {
             return Err(Error::new(
                 ErrorKind::Unsupported,
-                format!("{} keeps no idempotency records", backend.name()),
+                format!(
+                    "{} keeps no idempotency records{}",
+                    backend.name(),
+                    caps.records_hint
+                        .map(|hint| format!(": {hint}"))
+                        .unwrap_or_default()
+                ),
             ));
         }
         if self.retention.is_zero() {

@@ -139,6 +139,10 @@ impl ZkBackend {
                     durable_fencing: true,
                     reentrancy: true,
                     records,
+                    records_hint: (!records).then_some(
+                        "the ZooKeeper server refuses TTL nodes; start it with \
+                         -Dzookeeper.extendedTypesEnabled=true",
+                    ),
                     liveness: Liveness::Session,
                     min_ttl: config.min_ttl,
                     // A session's timeout is its leases' TTL plus one tick.

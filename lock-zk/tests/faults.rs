@@ -532,7 +532,14 @@ async fn a_server_without_ttl_nodes_refuses_idempotent_runs_before_the_work() {
         .await;
     let runs = ran.load(std::sync::atomic::Ordering::SeqCst);
     assert_eq!(runs, 0, "the work ran ({:?})", run.map(|_| ()));
-    assert_eq!(run.unwrap_err().kind(), ErrorKind::Unsupported);
+    let refused = run.unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::Unsupported);
+    assert!(
+        refused
+            .to_string()
+            .contains("-Dzookeeper.extendedTypesEnabled=true"),
+        "the refusal names the setting: {refused}"
+    );
     assert!(!backend.capabilities().records);
     let guard = client.lock(key("no-ttl-lock")).await.unwrap();
     guard.release().await.unwrap();
