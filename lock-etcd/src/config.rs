@@ -155,6 +155,7 @@ impl EtcdConfig {
             max_ttl: Duration::from_secs(365 * 24 * 60 * 60),
             ttl_granularity: Duration::from_secs(1),
             records: true,
+            ..Capabilities::default()
         }
     }
 

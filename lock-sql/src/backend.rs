@@ -195,6 +195,7 @@ impl SqlBackend {
                     ttl_granularity: Duration::from_millis(1),
                     // A table beside the lock table, written fenced by the holder's row.
                     records: true,
+                    ..Capabilities::default()
                 },
                 config,
                 writes: AtomicU64::new(0),
