@@ -84,8 +84,8 @@ pub enum Command {
         after_help = "The holders' lease ids are never shown. Keys come in key \
         order, at most --limit of them; when more are held, a note on stderr (and \
         \"truncated\": true in the JSON) says the list was cut. A store that cannot list \
-        its keys is refused with exit 2 (the README says which can); `distlock status KEY` \
-        still looks up a key you know.\n\n\
+        its keys (ZooKeeper with layout=curator) is refused with exit 2; `distlock status \
+        KEY` still looks up a key you know.\n\n\
         Exit codes:\n  0   listed (also when no key is held)\n  \
         2   usage error, or a store that cannot list its keys\n  \
         69  the store is unavailable"

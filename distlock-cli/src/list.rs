@@ -38,7 +38,9 @@ pub async fn list(args: ListArgs, store_url: &str) -> Result<u8, Failure> {
         for (key, status) in &held {
             println!("{}", as_line(key.as_str(), Some(status)));
         }
-        if held.is_empty() {
+        if held.is_empty() && prefix.is_empty() {
+            eprintln!("distlock: no key is held");
+        } else if held.is_empty() {
             eprintln!("distlock: no held key starts with {prefix:?}");
         }
     }

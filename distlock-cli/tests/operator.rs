@@ -1,6 +1,5 @@
 //! `distlock list` and `distlock break`, an operator's way out of a stuck key: on a SQLite
-//! file (which cannot list its keys) and on a private ZooKeeper server (which can), each
-//! against keys held by `distlock run` processes.
+//! file and on a private ZooKeeper server, against keys held by `distlock run` processes.
 
 #![cfg(feature = "sqlite")] // The SQLite tests; the ZooKeeper ones also need `zookeeper`.
 
@@ -129,6 +128,7 @@ fn break_refuses_a_free_key(store: &Store) {
         .output(&["break", "k", "--token", "-1"])
         .expect_code(2);
     store.output(&["break", "k"]).expect_code(2);
+    store.output(&["list", "--limit", "0"]).expect_code(2);
 }
 
 #[test]
@@ -141,24 +141,116 @@ fn sqlite_break_refuses_a_free_key() {
     break_refuses_a_free_key(&Store::sqlite());
 }
 
-/// SQLite keeps no index to list its keys by: the refusal is one line, exit 2, and points
-/// to `status`. (When the SQL backend learns to list, the ZooKeeper test's checks apply.)
 #[test]
-fn sqlite_list_is_refused_in_one_line() {
-    let store = Store::sqlite();
-    let refused = store.output(&["list"]);
-    refused.expect_code(2);
-    assert!(refused.stdout.is_empty(), "{}", refused.stdout);
-    assert_eq!(refused.stderr.lines().count(), 1, "{}", refused.stderr);
+fn sqlite_list_shows_held_keys_with_tokens_by_prefix() {
+    list_shows_held_keys_with_tokens_by_prefix(&Store::sqlite());
+}
+
+/// Held keys by prefix, in key order, with their tokens and never a lease id; `--limit`
+/// says when it cut the list; no key held is an empty list, exit 0.
+fn list_shows_held_keys_with_tokens_by_prefix(store: &Store) {
+    let (a, token_a, lease_a) = hold(store, "ops/a");
+    let (b, token_b, lease_b) = hold(store, "ops/b");
+    let (c, token_c, _) = hold(store, "other/c");
+
+    let listed = store.output(&["list", "ops/"]);
+    listed.expect_code(0);
+    let lines: Vec<&str> = listed.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{}", listed.stdout);
     assert!(
-        refused
-            .stderr
-            .starts_with("distlock: unsupported: sqlite cannot list its held keys")
-            && refused.stderr.contains("distlock status KEY"),
+        lines[0].starts_with(&format!("ops/a: held, token {token_a}, expires in ")),
         "{}",
-        refused.stderr
+        listed.stdout
     );
-    store.output(&["list", "--limit", "0"]).expect_code(2);
+    assert!(
+        lines[1].starts_with(&format!("ops/b: held, token {token_b}, expires in ")),
+        "{}",
+        listed.stdout
+    );
+    for lease_id in [&lease_a, &lease_b] {
+        assert!(
+            !listed.stdout.contains(lease_id.as_str()),
+            "a lease id shown"
+        );
+    }
+    assert!(listed.stderr.is_empty(), "{}", listed.stderr);
+
+    let listed = store.output(&["list", "--json"]);
+    listed.expect_code(0);
+    for lease_id in [&lease_a, &lease_b] {
+        assert!(
+            !listed.stdout.contains(lease_id.as_str()),
+            "a lease id shown"
+        );
+    }
+    let value = json(&listed.stdout);
+    assert_eq!(value["truncated"], false, "{value}");
+    let keys = value["keys"].as_array().expect("keys");
+    let seen: Vec<(&str, u64)> = keys
+        .iter()
+        .map(|key| {
+            assert_eq!(key["held"], true, "{key}");
+            let label = &key["holder"];
+            assert!(
+                label.is_null()
+                    || label
+                        .as_str()
+                        .is_some_and(|label| label.starts_with("distlock run, pid ")),
+                "{key}"
+            );
+            let ttl = key["remaining_ttl_ms"].as_u64().expect("remaining TTL");
+            assert!(ttl > 0 && ttl <= 15_000, "{key}");
+            (
+                key["key"].as_str().expect("key"),
+                key["token"].as_u64().expect("token"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [("ops/a", token_a), ("ops/b", token_b), ("other/c", token_c)]
+    );
+
+    let cut = store.output(&["list", "--limit", "1", "--json", "ops/"]);
+    cut.expect_code(0);
+    let value = json(&cut.stdout);
+    assert_eq!(value["truncated"], true, "{value}");
+    assert_eq!(value["keys"].as_array().map(Vec::len), Some(1), "{value}");
+    assert_eq!(value["keys"][0]["key"], "ops/a", "{value}");
+    assert!(
+        cut.stderr.contains("only the first 1 held keys"),
+        "{}",
+        cut.stderr
+    );
+
+    let none = store.output(&["list", "nothing/"]);
+    none.expect_code(0);
+    assert!(none.stdout.is_empty(), "{}", none.stdout);
+    assert_eq!(
+        none.stderr,
+        "distlock: no held key starts with \"nothing/\"\n"
+    );
+    let none = store.output(&["list", "--json", "nothing/"]);
+    assert_eq!(
+        json(&none.stdout),
+        serde_json::json!({ "keys": [], "truncated": false })
+    );
+
+    for holder in [&a, &b, &c] {
+        drop(holder.stdin_handle());
+        assert_eq!(holder.exit_code(), 0, "{}", holder.rest_of_stderr());
+    }
+    let empty = store.output(&["list"]);
+    empty.expect_code(0);
+    assert_eq!(
+        (empty.stdout.as_str(), empty.stderr.as_str()),
+        ("", "distlock: no key is held\n")
+    );
+    let empty = store.output(&["list", "--json"]);
+    assert_eq!(
+        json(&empty.stdout),
+        serde_json::json!({ "keys": [], "truncated": false })
+    );
 }
 
 #[cfg(feature = "zookeeper")]
@@ -170,7 +262,8 @@ mod zookeeper {
 
     use super::support::Store;
     use super::{
-        break_refuses_a_free_key, break_releases_only_the_named_holder, hold, json, Noticed,
+        break_refuses_a_free_key, break_releases_only_the_named_holder,
+        list_shows_held_keys_with_tokens_by_prefix, Noticed,
     };
 
     /// A private standalone ZooKeeper server (and the runtime its fixture was started on),
@@ -205,91 +298,31 @@ mod zookeeper {
 
     #[test]
     fn zookeeper_list_shows_held_keys_with_tokens_by_prefix() {
-        let zk = zookeeper();
-        let store = &zk.store;
-        let (a, token_a, lease_a) = hold(store, "ops/a");
-        let (b, token_b, lease_b) = hold(store, "ops/b");
-        let (c, token_c, _) = hold(store, "other/c");
+        list_shows_held_keys_with_tokens_by_prefix(&zookeeper().store);
+    }
 
-        let listed = store.output(&["list", "ops/"]);
-        listed.expect_code(0);
-        let lines: Vec<&str> = listed.stdout.lines().collect();
-        assert_eq!(lines.len(), 2, "{}", listed.stdout);
+    /// The Curator layout keeps no index of keys to list: the refusal is one line, exit
+    /// 2, and points to `status`.
+    #[test]
+    fn zookeeper_curator_layout_refuses_to_list_in_one_line() {
+        let mut zk = zookeeper();
+        zk.store.url.push_str("&layout=curator");
+        list_is_refused_in_one_line(&zk.store, "cannot be listed");
+    }
+
+    /// A store that cannot list its keys: the refusal is one line, exit 2, naming the kind
+    /// and pointing to `status`.
+    fn list_is_refused_in_one_line(store: &Store, reason: &str) {
+        let refused = store.output(&["list"]);
+        refused.expect_code(2);
+        assert!(refused.stdout.is_empty(), "{}", refused.stdout);
+        assert_eq!(refused.stderr.lines().count(), 1, "{}", refused.stderr);
         assert!(
-            lines[0].starts_with(&format!("ops/a: held, token {token_a}, expires in ")),
+            refused.stderr.starts_with("distlock: unsupported: ")
+                && refused.stderr.contains(reason)
+                && refused.stderr.contains("distlock status KEY"),
             "{}",
-            listed.stdout
-        );
-        assert!(
-            lines[1].starts_with(&format!("ops/b: held, token {token_b}, expires in ")),
-            "{}",
-            listed.stdout
-        );
-        for lease_id in [&lease_a, &lease_b] {
-            assert!(
-                !listed.stdout.contains(lease_id.as_str()),
-                "a lease id shown"
-            );
-        }
-        assert!(listed.stderr.is_empty(), "{}", listed.stderr);
-
-        let listed = store.output(&["list", "--json"]);
-        listed.expect_code(0);
-        for lease_id in [&lease_a, &lease_b] {
-            assert!(
-                !listed.stdout.contains(lease_id.as_str()),
-                "a lease id shown"
-            );
-        }
-        let value = json(&listed.stdout);
-        assert_eq!(value["truncated"], false, "{value}");
-        let keys = value["keys"].as_array().expect("keys");
-        let seen: Vec<(&str, u64)> = keys
-            .iter()
-            .map(|key| {
-                assert_eq!(key["held"], true, "{key}");
-                let ttl = key["remaining_ttl_ms"].as_u64().expect("remaining TTL");
-                assert!(ttl > 0 && ttl <= 15_000, "{key}");
-                (
-                    key["key"].as_str().expect("key"),
-                    key["token"].as_u64().expect("token"),
-                )
-            })
-            .collect();
-        assert_eq!(
-            seen,
-            [("ops/a", token_a), ("ops/b", token_b), ("other/c", token_c)]
-        );
-
-        let cut = store.output(&["list", "--limit", "1", "--json", "ops/"]);
-        cut.expect_code(0);
-        let value = json(&cut.stdout);
-        assert_eq!(value["truncated"], true, "{value}");
-        assert_eq!(value["keys"].as_array().map(Vec::len), Some(1), "{value}");
-        assert_eq!(value["keys"][0]["key"], "ops/a", "{value}");
-        assert!(
-            cut.stderr.contains("only the first 1 held keys"),
-            "{}",
-            cut.stderr
-        );
-
-        let none = store.output(&["list", "nothing/"]);
-        none.expect_code(0);
-        assert!(none.stdout.is_empty(), "{}", none.stdout);
-        let none = store.output(&["list", "--json", "nothing/"]);
-        assert_eq!(
-            json(&none.stdout),
-            serde_json::json!({ "keys": [], "truncated": false })
-        );
-
-        for holder in [&a, &b, &c] {
-            drop(holder.stdin_handle());
-            assert_eq!(holder.exit_code(), 0, "{}", holder.rest_of_stderr());
-        }
-        let empty = store.output(&["list", "--json"]);
-        assert_eq!(
-            json(&empty.stdout),
-            serde_json::json!({ "keys": [], "truncated": false })
+            refused.stderr
         );
     }
 
