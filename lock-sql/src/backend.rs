@@ -415,6 +415,10 @@ impl LockBackend for SqlBackend {
             .await
     }
 
+    async fn list_held(&self, prefix: &str, limit: usize) -> Result<Vec<(LockKey, HolderInfo)>> {
+        on_store!(&self.inner.store, ops => ops.list_held(prefix, limit).await)
+    }
+
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {
         #[cfg(feature = "postgres")]
         if let Some(notifier) = self.notifier() {

@@ -46,6 +46,9 @@ const HOSTILE: &[&str] = &[
     " ",
     "a ",
     "A",
+    // The last character there is: a prefix ending in it has no successor of the same
+    // length (list_held's upper bound).
+    "\u{10ffff}",
 ];
 
 async fn hostile_keys(db: Database) {
@@ -84,6 +87,7 @@ async fn hostile_keys(db: Database) {
         .collect();
     expected.sort();
     assert_eq!(stored, expected, "keys were mangled or merged");
+    list_held_matches_exactly_the_prefix(&backend, &prefix, &expected, &guards).await;
     for (key, guard) in &guards {
         let info = backend
             .inspect(&LockKey::new(key.as_str()).unwrap())
@@ -110,6 +114,56 @@ async fn hostile_keys(db: Database) {
         guard.release().await.unwrap();
     }
     assert!(backend.stored_keys(&prefix).await.unwrap().is_empty());
+}
+
+/// `list_held` under the namespace shows every key (`held`, sorted) in Rust's order, and
+/// under each hostile key as a prefix exactly the keys that start with it: no LIKE
+/// wildcard, case folding or collation widens or reorders the match.
+async fn list_held_matches_exactly_the_prefix(
+    backend: &lock_sql::SqlBackend,
+    prefix: &str,
+    held: &[String],
+    guards: &[(String, lock_core::LockGuard)],
+) {
+    let listed = backend.list_held(prefix, 1000).await.unwrap();
+    let keys: Vec<&str> = listed.iter().map(|(key, _)| key.as_str()).collect();
+    assert_eq!(keys, held, "list_held under the namespace");
+    for (key, guard) in guards {
+        let info = &listed[held.iter().position(|k| k == key).unwrap()].1;
+        assert_eq!(info.lease_id, guard.lease().id(), "{key:?}");
+    }
+    let first: Vec<String> = backend
+        .list_held(prefix, 3)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(key, _)| key.as_str().to_owned())
+        .collect();
+    assert_eq!(first, held[..3], "list_held with a limit of 3");
+    let extra = [
+        format!("{prefix}a"),
+        format!("{prefix}\\"),
+        prefix[..prefix.len() - 1].to_owned(),
+    ];
+    let narrower = guards.iter().map(|(key, _)| key).chain(&extra);
+    for sub in narrower {
+        let listed: Vec<String> = backend
+            .list_held(sub, 1000)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(key, _)| key.as_str().to_owned())
+            .collect();
+        let expected: Vec<&String> = held
+            .iter()
+            .filter(|k| k.starts_with(sub.as_str()))
+            .collect();
+        assert_eq!(
+            listed.iter().collect::<Vec<_>>(),
+            expected,
+            "list_held({sub:?})"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -42,6 +42,8 @@ pub(crate) struct SqlText {
     pub renewed: Option<&'static str>,
     pub release: &'static str,
     pub inspect: &'static str,
+    /// Live leases under a key prefix, in key order, for operators.
+    pub list_held: &'static str,
     pub stored_keys: &'static str,
     pub expired: &'static str,
     pub sweep: &'static str,
@@ -72,6 +74,7 @@ macro_rules! sql_text {
             renewed: $renewed,
             release: include_str!(concat!("../../sql/", $dir, "/release.sql")),
             inspect: include_str!(concat!("../../sql/", $dir, "/inspect.sql")),
+            list_held: include_str!(concat!("../../sql/", $dir, "/list_held.sql")),
             stored_keys: include_str!(concat!("../../sql/", $dir, "/stored_keys.sql")),
             expired: include_str!(concat!("../../sql/", $dir, "/expired.sql")),
             sweep: include_str!(concat!("../../sql/", $dir, "/sweep.sql")),
@@ -113,6 +116,7 @@ pub(crate) struct Statements {
     renewed: Option<SqlStr>,
     release: SqlStr,
     inspect: SqlStr,
+    list_held: SqlStr,
     stored_keys: SqlStr,
     expired: SqlStr,
     sweep: SqlStr,
@@ -157,6 +161,7 @@ impl Statements {
             renewed: text.renewed.map(fill),
             release: fill(text.release),
             inspect: fill(text.inspect),
+            list_held: fill(text.list_held),
             stored_keys: fill(text.stored_keys),
             expired: fill(text.expired),
             sweep: fill(text.sweep),
@@ -472,26 +477,57 @@ where
         let row = self
             .on_connection("inspect", move |conn| Box::pin(query.fetch_optional(conn)))
             .await?;
-        let Some(row) = row else {
-            return Ok(None);
-        };
+        row.map(|row| self.holder_at(&row, 0)).transpose()
+    }
+
+    /// The holder told by the columns lease id, token, remaining milliseconds and label,
+    /// from column `first` on (inspect.sql's columns, which list_held.sql repeats).
+    fn holder_at(&self, row: &DB::Row, first: usize) -> Result<HolderInfo> {
         let read = self.fail("reading the holder");
         let (lease, token, remaining, holder): (String, i64, i64, Option<String>) = (|| {
             Ok::<_, sqlx::Error>((
-                row.try_get(0)?,
-                row.try_get(1)?,
-                row.try_get(2)?,
-                row.try_get(3)?,
+                row.try_get(first)?,
+                row.try_get(first + 1)?,
+                row.try_get(first + 2)?,
+                row.try_get(first + 3)?,
             ))
         })()
         .map_err(read)?;
-        Ok(Some(HolderInfo {
+        Ok(HolderInfo {
             lease_id: lease.parse()?,
             token: token_from(token)?,
             remaining_ttl: Duration::from_millis(u64::try_from(remaining).unwrap_or(0)),
             waiters: None,
             holder,
-        }))
+        })
+    }
+
+    /// Live leases whose key starts with `prefix`, at most `limit`, in key order.
+    pub(crate) async fn list_held(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<(LockKey, HolderInfo)>> {
+        let above = prefix_successor(prefix);
+        let mut query = sqlx::query(self.sql.list_held.clone())
+            .bind(prefix.to_owned())
+            .bind(above.clone());
+        // MariaDB's positional parameters are bound once per occurrence.
+        if self.dialect == Dialect::MySql {
+            query = query.bind(above);
+        }
+        let query = query.bind(i64::try_from(limit).unwrap_or(i64::MAX));
+        let rows = self
+            .on_connection("listing held keys", move |conn| {
+                Box::pin(query.fetch_all(conn))
+            })
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let key: String = row.try_get(0).map_err(self.fail("reading a key"))?;
+                Ok((LockKey::new(key)?, self.holder_at(row, 1)?))
+            })
+            .collect()
     }
 
     pub(crate) async fn stored_keys(&self, prefix: &str) -> Result<Vec<String>> {
@@ -637,6 +673,22 @@ fn batch_json(batch: &[(LockKey, LeaseId, i64)]) -> String {
     json
 }
 
+/// The least text above every text that starts with `prefix` (in code point order, which
+/// is UTF-8 byte order), `None` when no text is (an empty prefix, or one of only
+/// `char::MAX`): the last character that can grow is replaced by its successor.
+fn prefix_successor(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        // `char::from_u32` refuses surrogates; the next scalar value above them is U+E000.
+        let next = (u32::from(last) + 1..=u32::from(char::MAX)).find_map(char::from_u32);
+        if let Some(next) = next {
+            chars.push(next);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
+}
+
 /// Tokens are stored as signed 64-bit integers (the widest every dialect has) and start
 /// at 1, so a negative one means the table was tampered with.
 fn token_from(token: i64) -> Result<FencingToken> {
@@ -705,5 +757,23 @@ mod tests {
             format!(r#"[{{"k":"a\"b\\c/é🔒","l":"{lease}","t":1500}}]"#)
         );
         assert_eq!(batch_json(&[]), "[]");
+    }
+
+    #[test]
+    fn the_successor_bounds_exactly_the_texts_with_the_prefix() {
+        assert_eq!(prefix_successor(""), None);
+        assert_eq!(prefix_successor("ops/"), Some("ops0".to_owned()));
+        assert_eq!(prefix_successor("a%_"), Some("a%`".to_owned()));
+        assert_eq!(prefix_successor("a\u{d7ff}"), Some("a\u{e000}".to_owned()));
+        assert_eq!(prefix_successor("a\u{10ffff}"), Some("b".to_owned()));
+        assert_eq!(prefix_successor("\u{10ffff}\u{10ffff}"), None);
+        let prefix = "k/é\u{7f}";
+        let above = prefix_successor(prefix).expect("a successor");
+        for key in ["k/é\u{7f}", "k/é\u{7f}\u{10ffff}", "k/é\u{7f}zz"] {
+            assert!(prefix <= key && key < above.as_str(), "{key:?}");
+        }
+        for key in ["k/é", "k/é\u{80}", "k/ê", "l"] {
+            assert!(!(prefix <= key && key < above.as_str()), "{key:?}");
+        }
     }
 }
