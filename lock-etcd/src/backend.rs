@@ -1,5 +1,6 @@
 //! The etcd `LockBackend`: a client-side mutex with a fair queue, in transactions.
 
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use etcd_client::{
     LeaseTimeToLiveOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
     TxnResponse,
 };
+use futures_util::StreamExt;
 use lock_core::backend::{
     AcquireRequest, Capabilities, Grant, HolderInfo, KeyWatch, LockBackend, Record, Turn,
 };
@@ -114,15 +116,7 @@ impl EtcdBackend {
     /// User keys starting with `key_prefix` that have entries left in etcd (holders or
     /// waiters), for tests that check nothing is left behind.
     pub async fn stored_keys(&self, key_prefix: &str) -> Result<Vec<String>> {
-        let mut start = self.inner.keys.root();
-        match self.inner.keys.layout() {
-            Layout::Distlock => {
-                for byte in key_prefix.bytes() {
-                    start.extend_from_slice(format!("{byte:02x}").as_bytes());
-                }
-            }
-            Layout::EtcdMutex => start.extend_from_slice(key_prefix.as_bytes()),
-        }
+        let start = self.inner.keys.dirs_starting_with(key_prefix);
         let options = GetOptions::new()
             .with_range(range_end(&start))
             .with_keys_only();
@@ -272,6 +266,59 @@ impl EtcdBackend {
 }
 
 impl EtcdBackend {
+    /// The seconds etcd lease `lease` has left; negative when it is gone. A key written
+    /// without a lease (not one of ours) never expires: 0 left, still there.
+    async fn lease_left(&self, lease: i64) -> Result<i64> {
+        if lease == 0 {
+            return Ok(0);
+        }
+        let left = self
+            .call(
+                "reading a lease",
+                self.inner.client.lease_client().time_to_live(lease, None),
+            )
+            .await?;
+        Ok(left.ttl())
+    }
+
+    /// Adds to `held` the held keys among `dirs` (in order), until it has `limit`: the
+    /// owner leases of a few directories at a time are read together, each distinct lease
+    /// once (the locks of one session share one).
+    async fn add_held(
+        &self,
+        dirs: Vec<Dir>,
+        limit: usize,
+        held: &mut Vec<(LockKey, HolderInfo)>,
+    ) -> Result<()> {
+        let mut dirs = dirs.into_iter().filter(|dir| dir.key.is_some()).peekable();
+        let mut left: HashMap<i64, i64> = HashMap::new();
+        while held.len() < limit && dirs.peek().is_some() {
+            let batch: Vec<Dir> = dirs.by_ref().take(limit - held.len()).collect();
+            let unknown: HashSet<i64> = batch
+                .iter()
+                .map(|dir| dir.owner.lease())
+                .filter(|lease| !left.contains_key(lease))
+                .collect();
+            let read: Vec<(i64, Result<i64>)> = futures_util::stream::iter(unknown)
+                .map(|lease| async move { (lease, self.lease_left(lease).await) })
+                .buffer_unordered(LEASE_READS_AT_ONCE)
+                .collect()
+                .await;
+            for (lease, seconds) in read {
+                left.insert(lease, seconds?);
+            }
+            for dir in batch {
+                let seconds = left.get(&dir.owner.lease()).copied().unwrap_or(-1);
+                if let (Some(key), Some(info)) =
+                    (dir.key, holder_info(&dir.owner, dir.entries, seconds))
+                {
+                    held.push((key, info));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The etcd lease a record written under the ownership granted at revision `granted`
     /// lives by. Its id is derived from the record key and that revision, so a retried
     /// write (the idempotent layer retries one whose reply was lost) finds the lease of
@@ -388,6 +435,57 @@ async fn connect_failed(config: &EtcdConfig, what: &str, err: etcd_client::Error
     }
 }
 
+/// How many etcd keys one page of a listing reads.
+const LIST_PAGE: i64 = 1000;
+
+/// How many owner leases a listing reads at once.
+const LEASE_READS_AT_ONCE: usize = 16;
+
+/// One directory met in a listing: its user key (`None` when it is not listed: outside the
+/// prefix, or not a valid key), its oldest entry and how many it has.
+struct Dir {
+    dir: Vec<u8>,
+    key: Option<LockKey>,
+    owner: KeyValue,
+    entries: usize,
+}
+
+impl Dir {
+    fn new(dir: Vec<u8>, key: Option<LockKey>, first: KeyValue) -> Self {
+        Dir {
+            dir,
+            key,
+            owner: first,
+            entries: 1,
+        }
+    }
+
+    fn add(&mut self, entry: KeyValue) {
+        self.entries += 1;
+        if entry.create_revision() < self.owner.create_revision() {
+            self.owner = entry;
+        }
+    }
+}
+
+/// What `inspect` tells of a directory whose oldest entry is `owner`, of `entries` in
+/// all, whose lease has `left` seconds (negative: gone); `None` when it is free.
+fn holder_info(owner: &KeyValue, entries: usize, left: i64) -> Option<HolderInfo> {
+    if left < 0 {
+        return None;
+    }
+    let (lease_id, holder) = parse_value(owner.value())
+        // An entry of etcd's own mutex: its etcd lease is the closest to an identity.
+        .unwrap_or((LeaseId::from_u128(owner.lease() as u128), None));
+    Some(HolderInfo {
+        lease_id,
+        token: FencingToken::new(u64::try_from(owner.create_revision()).unwrap_or(0)),
+        remaining_ttl: Duration::from_secs(u64::try_from(left).unwrap_or(0)),
+        waiters: Some(entries.saturating_sub(1)),
+        holder,
+    })
+}
+
 /// The key-values a transaction's `index`th operation read.
 fn read(response: &TxnResponse, index: usize) -> Vec<KeyValue> {
     match response.op_responses().into_iter().nth(index) {
@@ -498,28 +596,88 @@ impl LockBackend for EtcdBackend {
         let Some(owner) = entries.first() else {
             return Ok(None);
         };
-        let left = self
-            .call(
-                "reading a lease",
-                self.inner
-                    .client
-                    .lease_client()
-                    .time_to_live(owner.lease(), None),
-            )
-            .await?;
-        if left.ttl() < 0 {
-            return Ok(None);
+        let left = self.lease_left(owner.lease()).await?;
+        Ok(holder_info(owner, entries.len(), left))
+    }
+
+    /// One linearizable range read over the directories of the keys starting with
+    /// `prefix` (in pages of one revision), then the remaining TTL of each distinct owner
+    /// lease, read as `inspect` reads it.
+    async fn list_held(&self, prefix: &str, limit: usize) -> Result<Vec<(LockKey, HolderInfo)>> {
+        let mut held = Vec::new();
+        if limit == 0 {
+            return Ok(held);
         }
-        let (lease_id, holder) = parse_value(owner.value())
-            // An entry of etcd's own mutex: its etcd lease is the closest to an identity.
-            .unwrap_or((LeaseId::from_u128(owner.lease() as u128), None));
-        Ok(Some(HolderInfo {
-            lease_id,
-            token: FencingToken::new(u64::try_from(owner.create_revision()).unwrap_or(0)),
-            remaining_ttl: Duration::from_secs(u64::try_from(left.ttl()).unwrap_or(0)),
-            waiters: Some(entries.len() - 1),
-            holder,
-        }))
+        let keys = &self.inner.keys;
+        let start = keys.dirs_starting_with(prefix);
+        let end = range_end(&start);
+        // In the distlock layout the directories come in the user keys' order (hex keeps
+        // byte order, and `/` sorts before every hex digit, so `a/` before `ab/`), and
+        // the scan can stop at `limit`. etcd's mutex names do not (`a!/` sorts before
+        // `a/`): every directory is read, then sorted.
+        let in_key_order = keys.layout() == Layout::Distlock;
+        let mut dirs: Vec<Dir> = Vec::new();
+        let (mut from, mut revision) = (start, 0);
+        loop {
+            let mut options = GetOptions::new()
+                .with_range(end.clone())
+                .with_limit(LIST_PAGE);
+            if revision > 0 {
+                // Every page from the first one's revision: one snapshot of the store.
+                options = options.with_revision(revision);
+            }
+            let mut page = self
+                .call(
+                    "listing held keys",
+                    self.kv().get(from.clone(), Some(options)),
+                )
+                .await?;
+            if revision == 0 {
+                revision = page.header().map_or(0, |h| h.revision());
+            }
+            let more = page.more();
+            let entries = page.take_kvs();
+            if let Some(last) = entries.last() {
+                from = last.key().to_vec();
+                from.push(0);
+            }
+            for entry in entries {
+                let Some((dir, key)) = keys.dir_of(entry.key()) else {
+                    continue;
+                };
+                match dirs.last_mut() {
+                    Some(last) if last.dir == dir => last.add(entry),
+                    _ => {
+                        let key = LockKey::new(&key)
+                            .ok()
+                            .filter(|key| key.as_str().starts_with(prefix));
+                        dirs.push(Dir::new(dir.to_vec(), key, entry));
+                    }
+                }
+            }
+            if in_key_order {
+                // The last directory may go on in the next page.
+                let complete = if more {
+                    dirs.len().saturating_sub(1)
+                } else {
+                    dirs.len()
+                };
+                let ready: Vec<Dir> = dirs.drain(..complete).collect();
+                self.add_held(ready, limit, &mut held).await?;
+                if held.len() >= limit {
+                    break;
+                }
+            }
+            if !more {
+                break;
+            }
+        }
+        if !in_key_order {
+            dirs.retain(|dir| dir.key.is_some());
+            dirs.sort_by(|a, b| a.key.cmp(&b.key));
+            self.add_held(dirs, limit, &mut held).await?;
+        }
+        Ok(held)
     }
 
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {

@@ -105,9 +105,47 @@ impl KeySpace {
     pub(crate) fn user_key(&self, etcd_key: &[u8]) -> Option<String> {
         let rest = etcd_key.strip_prefix(self.root().as_slice())?;
         let end = rest.iter().rposition(|b| *b == b'/')?;
-        let name = &rest[..end];
+        self.decode(&rest[..end])
+    }
+
+    /// Where the directories of every user key starting with `key_prefix` begin: every
+    /// such directory, and no other key's, starts with it (in the distlock layout; in the
+    /// etcd-mutex layout the range may also hold other keys, to be filtered by name).
+    pub(crate) fn dirs_starting_with(&self, key_prefix: &str) -> Vec<u8> {
+        let mut start = self.root();
         match self.layout {
             Layout::Distlock => {
+                for byte in key_prefix.bytes() {
+                    start.extend_from_slice(format!("{byte:02x}").as_bytes());
+                }
+            }
+            Layout::EtcdMutex => start.extend_from_slice(key_prefix.as_bytes()),
+        }
+        start
+    }
+
+    /// The directory an etcd key lies in (the root, the name, `/`) and the user key it
+    /// belongs to: the range `inspect` reads for that user key holds it. `None` for a key
+    /// outside the root, or whose name is not a user key of this layout.
+    pub(crate) fn dir_of<'k>(&self, etcd_key: &'k [u8]) -> Option<(&'k [u8], String)> {
+        let root = self.root();
+        let rest = etcd_key.strip_prefix(root.as_slice())?;
+        // The first `/`: hex names have none, and etcd's mutex on `name` scans `name/`
+        // as a prefix, so deeper keys count as entries of the first name.
+        let end = rest.iter().position(|b| *b == b'/')?;
+        let key = self.decode(&rest[..end])?;
+        Some((&etcd_key[..root.len() + end + 1], key))
+    }
+
+    /// The user key a directory name stands for.
+    fn decode(&self, name: &[u8]) -> Option<String> {
+        match self.layout {
+            Layout::Distlock => {
+                // Only what `dir` writes: another spelling would name a directory that
+                // `inspect` of the decoded key never reads.
+                if !name.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+                    return None;
+                }
                 let hex = std::str::from_utf8(name).ok()?;
                 let bytes: Option<Vec<u8>> = (0..hex.len())
                     .step_by(2)
@@ -174,6 +212,35 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `list_held` stops its scan at the limit because directories sort as their keys do.
+    #[test]
+    fn directories_sort_as_their_keys() {
+        let mut keys = vec![
+            "a", "a/b", "ab", "a!", "a0", " ", "a/", "b", "a\u{ff}", "a b",
+        ];
+        keys.sort_unstable();
+        let dirs: Vec<Vec<u8>> = keys.iter().map(|key| dir(key)).collect();
+        let mut sorted = dirs.clone();
+        sorted.sort();
+        assert_eq!(dirs, sorted);
+    }
+
+    #[test]
+    fn entries_name_their_directory_and_key() {
+        let space = KeySpace::new("p", Layout::Distlock);
+        let key = LockKey::new("a/b").unwrap();
+        let entry = space.entry(&key, LeaseId::random(), 7);
+        let (dir, name) = space.dir_of(&entry).unwrap();
+        assert_eq!((dir, name.as_str()), (space.dir(&key).as_slice(), "a/b"));
+        // Spellings `dir` never writes are not taken for a key.
+        assert_eq!(space.dir_of(b"p/6A/x"), None);
+        assert_eq!(space.dir_of(b"p/+1/x"), None);
+        assert_eq!(space.dir_of(b"p/61"), None);
+        let mutex = KeySpace::new("p", Layout::EtcdMutex);
+        let (dir, name) = mutex.dir_of(b"p/job/sub/694d").unwrap();
+        assert_eq!((dir, name.as_str()), (&b"p/job/"[..], "job"));
     }
 
     #[test]

@@ -123,3 +123,42 @@ async fn etcdctl_lock_waits_for_distlock() {
         .unwrap();
     again.release().await.unwrap();
 }
+
+/// `list` in the etcd-mutex layout shows etcdctl's locks beside distlock's, in the user
+/// keys' order although etcd orders their names otherwise (`job!/` sorts before `job/`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_shows_etcdctl_locks_in_key_order() {
+    let server = start_etcd().await;
+    let client =
+        LockClient::from_dyn(connect(&etcd_url(&[server.addr()], "layout=etcd-mutex")).await);
+    let (etcdctl, mut lines) = etcdctl_lock(server.addr(), "distlock-test/job");
+    tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .expect("etcdctl never took the lock")
+        .unwrap()
+        .unwrap();
+    let guards = [
+        client.lock("job!").ttl(TTL).await.unwrap(),
+        client.lock("jo").ttl(TTL).await.unwrap(),
+        client.lock("kx").ttl(TTL).await.unwrap(),
+    ];
+    let theirs = client.inspect("job").await.unwrap().unwrap();
+    let listed = client.list("jo", 10).await.unwrap();
+    let keys: Vec<&str> = listed.iter().map(|(key, _)| key.as_str()).collect();
+    assert_eq!(keys, ["jo", "job", "job!"]);
+    assert_eq!(listed[1].1.token, theirs.token);
+    assert_eq!(listed[0].1.token, guards[1].token());
+    assert_eq!(listed[2].1.token, guards[0].token());
+    let first: Vec<String> = client
+        .list("jo", 2)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(key, _)| key.as_str().to_string())
+        .collect();
+    assert_eq!(first, ["jo", "job"]);
+    terminate(etcdctl).await;
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+}
