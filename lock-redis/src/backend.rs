@@ -102,6 +102,8 @@ impl RedisBackend {
             .await?;
         let mut keys: Vec<String> = found.iter().filter_map(|k| layout.user_key(k)).collect();
         keys.sort();
+        // SCAN may return a key more than once.
+        keys.dedup();
         Ok(keys)
     }
 }
@@ -172,6 +174,24 @@ impl LockBackend for RedisBackend {
         let inner = &self.inner;
         let held = read_holder(&inner.node, &inner.layout.lock_key(key)).await?;
         Ok(held.map(|held| held.into_info()))
+    }
+
+    /// `SCAN`s the lock entries under the prefix (hex-encoded, so the pattern needs no
+    /// escaping whatever the prefix holds), then reads each holder in key order as
+    /// `inspect` does, skipping entries that expired meanwhile.
+    async fn list_held(&self, prefix: &str, limit: usize) -> Result<Vec<(LockKey, HolderInfo)>> {
+        let inner = &self.inner;
+        let mut held = Vec::new();
+        for key in self.stored_keys(prefix).await? {
+            if held.len() == limit {
+                break;
+            }
+            let key = LockKey::new(key)?;
+            if let Some(info) = read_holder(&inner.node, &inner.layout.lock_key(&key)).await? {
+                held.push((key, info.into_info()));
+            }
+        }
+        Ok(held)
     }
 
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {

@@ -159,18 +159,27 @@ impl RedlockBackend {
     /// Keys starting with `key_prefix` that have a lock entry on any node (fencing
     /// counters are not listed). Unreachable nodes are skipped.
     pub async fn stored_keys(&self, key_prefix: &str) -> Result<Vec<String>> {
+        let found = self.scan_all(key_prefix).await;
+        Ok(self.user_keys(found.into_iter().flatten()))
+    }
+
+    /// Every node's `SCAN` of the lock entries of keys starting with `key_prefix`.
+    async fn scan_all(&self, key_prefix: &str) -> Vec<Result<Vec<String>>> {
+        let pattern = self.inner.layout.scan_pattern(key_prefix);
+        self.on_all("scan", |_, node| node.scan(&pattern)).await
+    }
+
+    /// The user keys of the lock entries `found`, sorted, each once.
+    fn user_keys(&self, found: impl IntoIterator<Item = Vec<String>>) -> Vec<String> {
         let layout = &self.inner.layout;
-        let pattern = layout.scan_pattern(key_prefix);
-        let found = self.on_all("scan", |_, node| node.scan(&pattern)).await;
         let mut keys: Vec<String> = found
             .into_iter()
-            .flatten()
             .flatten()
             .filter_map(|k| layout.user_key(&k))
             .collect();
         keys.sort();
         keys.dedup();
-        Ok(keys)
+        keys
     }
 
     /// Runs `operation` (`what`, for messages) on every node concurrently, each bounded by
@@ -431,6 +440,36 @@ impl LockBackend for RedlockBackend {
             .await;
         let held = inner.quorum.holder("inspect", replies)?;
         Ok(held.map(|held| held.into_info()))
+    }
+
+    /// The candidates are the keys with an entry on any node; a majority of nodes must
+    /// have been scanned, so every key a majority holds is among them (the majorities
+    /// overlap). Each candidate then counts as held only as `inspect` decides: where a
+    /// majority agrees on one lease.
+    async fn list_held(&self, prefix: &str, limit: usize) -> Result<Vec<(LockKey, HolderInfo)>> {
+        let quorum = self.inner.quorum;
+        let mut scanned = Vec::new();
+        let mut errors = Vec::new();
+        for reply in self.scan_all(prefix).await {
+            match reply {
+                Ok(found) => scanned.push(found),
+                Err(err) => errors.push(err),
+            }
+        }
+        if !quorum.reached(scanned.len()) {
+            return Err(quorum.missed("list_held", scanned.len(), errors));
+        }
+        let mut held = Vec::new();
+        for key in self.user_keys(scanned) {
+            if held.len() == limit {
+                break;
+            }
+            let key = LockKey::new(key)?;
+            if let Some(info) = self.inspect(&key).await? {
+                held.push((key, info));
+            }
+        }
+        Ok(held)
     }
 
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {

@@ -66,6 +66,36 @@ async fn hostile_keys_are_distinct_locks_with_safe_redis_keys() {
     expected.sort();
     assert_eq!(stored, expected);
 
+    // list_held decodes every key as it was locked, in order, and a hostile key used as
+    // a prefix (glob characters, braces, backslashes) matches exactly the keys that
+    // start with it.
+    let listed = backend.list_held(&prefix, 1000).await.unwrap();
+    let keys: Vec<&str> = listed.iter().map(|(key, _)| key.as_str()).collect();
+    assert_eq!(keys, expected, "list_held under the namespace");
+    for lease in &leases {
+        let (_, info) = listed.iter().find(|(key, _)| key == lease.key()).unwrap();
+        assert_eq!(info.lease_id, lease.id(), "{:?}", lease.key());
+    }
+    let first = backend.list_held(&prefix, 2).await.unwrap();
+    assert_eq!(first.len(), 2);
+    assert_eq!(first[1].0.as_str(), expected[1]);
+    for name in HOSTILE.iter().chain(&["", "\\", "x{", "]]"]) {
+        let sub = format!("{prefix}{name}");
+        let listed: Vec<String> = backend
+            .list_held(&sub, 1000)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(key, _)| key.as_str().to_owned())
+            .collect();
+        let matching: Vec<String> = expected
+            .iter()
+            .filter(|key| key.starts_with(&sub))
+            .cloned()
+            .collect();
+        assert_eq!(listed, matching, "list_held({sub:?})");
+    }
+
     // Every Redis key has exactly one hash tag, all hex, shared by a lock and its counter.
     let client = redis::Client::open(format!("redis://{}/0", server.addr())).unwrap();
     let mut raw = client.get_multiplexed_async_connection().await.unwrap();

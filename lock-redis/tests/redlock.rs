@@ -625,3 +625,42 @@ async fn tokens_keep_increasing_after_every_node_restarts() {
         .await
         .unwrap();
 }
+
+/// `list_held` shows a key only where a majority of nodes agree on its lease, as
+/// `inspect` decides: a key held on three nodes is listed, a rival's entries on two nodes
+/// are not; with two nodes cut off the majority key is still listed, and with three cut
+/// off the listing is `Unavailable` (keys held on the unscanned majority could be missed),
+/// never a short list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_shows_only_keys_a_majority_holds() {
+    let servers = start_redis_nodes(REDLOCK_NODES).await;
+    let addrs: Vec<SocketAddr> = servers.iter().map(|s| s.addr()).collect();
+    let proxies = proxies(&addrs).await;
+    let backend = through_proxies(&proxies).await;
+    let base = key("list/");
+    let held = request(&format!("{base}*held[x]"), Duration::from_secs(60));
+    let token = backend.try_acquire(&held).await.unwrap().unwrap().token();
+    let held_key = lock_key("distlock:", held.key().as_str());
+    for server in &addrs[3..] {
+        delete(*server, &held_key).await;
+    }
+    let minority = format!("{base}minority");
+    for server in &addrs[..2] {
+        hold_elsewhere(*server, &lock_key("distlock:", &minority)).await;
+    }
+
+    let listed = backend.list_held(&base, 10).await.unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    let (key, info) = &listed[0];
+    assert_eq!(key, held.key());
+    assert_eq!((info.lease_id, info.token), (held.lease_id(), token));
+
+    cut(&proxies, 0b11000);
+    let listed = backend.list_held(&base, 10).await.unwrap();
+    assert_eq!(listed.len(), 1, "two nodes cut: {listed:?}");
+    // The three nodes that hold the key: the two left have no entry of it at all.
+    cut(&proxies, 0b00111);
+    let err = backend.list_held(&base, 10).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    cut(&proxies, 0);
+}
