@@ -55,6 +55,7 @@ where
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
     for<'q> String: Encode<'q, DB> + Type<DB>,
     for<'q> i64: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<String>: Encode<'q, DB>,
     usize: ColumnIndex<DB::Row>,
 {
     let backend = db.backend().await;
@@ -67,6 +68,8 @@ where
             .bind("bench/raw")
             .bind(lease.clone())
             .bind(ttl_ms)
+            // No holder label, as the library's unlabelled lock below.
+            .bind(None::<String>)
             .fetch_optional(&pool)
             .await
             .expect("raw acquire")
