@@ -253,47 +253,59 @@ fn list_shows_held_keys_with_tokens_by_prefix(store: &Store) {
     );
 }
 
+/// A private store server (and the runtime its fixture was started on), and a store for
+/// `distlock` on it.
+#[cfg(any(feature = "zookeeper", feature = "etcd"))]
+struct Served {
+    store: Store,
+    _server: conformance_tests::store_process::StoreProcess,
+    _runtime: tokio::runtime::Runtime,
+}
+
+/// Starts `spec`'s server; `url` names the store at the server's address.
+#[cfg(any(feature = "zookeeper", feature = "etcd"))]
+fn served(
+    spec: conformance_tests::store_process::StoreSpec,
+    url: impl FnOnce(std::net::SocketAddr) -> String,
+) -> Served {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let server = runtime
+        .block_on(conformance_tests::store_process::StoreProcess::start(spec))
+        .unwrap_or_else(|err| panic!("cannot start the store: {err}"));
+    let url = url(server.addr());
+    let dir = tempfile::tempdir().expect("a temp dir");
+    Served {
+        store: Store { dir, url },
+        _server: server,
+        _runtime: runtime,
+    }
+}
+
 #[cfg(feature = "zookeeper")]
 mod zookeeper {
     use conformance_tests::store_process::{
-        StoreProcess, StoreSpec, ZOOKEEPER_MAX_SESSION_TIMEOUT_MS,
-        ZOOKEEPER_MIN_SESSION_TIMEOUT_MS, ZOOKEEPER_TICK_MS,
+        StoreSpec, ZOOKEEPER_MAX_SESSION_TIMEOUT_MS, ZOOKEEPER_MIN_SESSION_TIMEOUT_MS,
+        ZOOKEEPER_TICK_MS,
     };
 
     use super::support::Store;
     use super::{
         break_refuses_a_free_key, break_releases_only_the_named_holder,
-        list_shows_held_keys_with_tokens_by_prefix, Noticed,
+        list_shows_held_keys_with_tokens_by_prefix, served, Noticed, Served,
     };
 
-    /// A private standalone ZooKeeper server (and the runtime its fixture was started on),
-    /// and a store for `distlock` on it.
-    struct Zookeeper {
-        store: Store,
-        _server: StoreProcess,
-        _runtime: tokio::runtime::Runtime,
-    }
-
-    fn zookeeper() -> Zookeeper {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("a runtime");
-        let server = runtime
-            .block_on(StoreProcess::start(StoreSpec::zookeeper()))
-            .unwrap_or_else(|err| panic!("cannot start ZooKeeper: {err}"));
+    /// A private standalone ZooKeeper server.
+    fn zookeeper() -> Served {
         // The test server's session limits and tick, as the lock-zk tests give them.
-        let url = format!(
-            "zk://{}/?min_ttl_ms={ZOOKEEPER_MIN_SESSION_TIMEOUT_MS}&max_ttl_ms={ZOOKEEPER_MAX_SESSION_TIMEOUT_MS}&tick_ms={ZOOKEEPER_TICK_MS}",
-            server.addr()
-        );
-        let dir = tempfile::tempdir().expect("a temp dir");
-        Zookeeper {
-            store: Store { dir, url },
-            _server: server,
-            _runtime: runtime,
-        }
+        served(StoreSpec::zookeeper(), |addr| {
+            format!(
+                "zk://{addr}/?min_ttl_ms={ZOOKEEPER_MIN_SESSION_TIMEOUT_MS}&max_ttl_ms={ZOOKEEPER_MAX_SESSION_TIMEOUT_MS}&tick_ms={ZOOKEEPER_TICK_MS}"
+            )
+        })
     }
 
     #[test]
@@ -334,5 +346,30 @@ mod zookeeper {
     #[test]
     fn zookeeper_break_refuses_a_free_key() {
         break_refuses_a_free_key(&zookeeper().store);
+    }
+}
+
+#[cfg(feature = "etcd")]
+mod etcd {
+    use conformance_tests::store_process::StoreSpec;
+
+    use super::{
+        break_refuses_a_free_key, break_releases_only_the_named_holder, served, Noticed, Served,
+    };
+
+    /// A private single-member etcd.
+    fn etcd() -> Served {
+        let spec = StoreSpec::etcd().unwrap_or_else(|err| panic!("cannot set up etcd: {err}"));
+        served(spec, |addr| format!("etcd://{addr}/distlock-cli-test"))
+    }
+
+    #[test]
+    fn etcd_break_releases_only_the_named_holder() {
+        break_releases_only_the_named_holder(&etcd().store, Noticed::AtRelease);
+    }
+
+    #[test]
+    fn etcd_break_refuses_a_free_key() {
+        break_refuses_a_free_key(&etcd().store);
     }
 }
