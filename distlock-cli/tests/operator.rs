@@ -1,5 +1,6 @@
 //! `distlock list` and `distlock break`, an operator's way out of a stuck key: on a SQLite
-//! file and on a private ZooKeeper server, against keys held by `distlock run` processes.
+//! file and on private ZooKeeper and etcd servers, against keys held by `distlock run`
+//! processes.
 
 #![cfg(feature = "sqlite")] // The SQLite tests; the ZooKeeper ones also need `zookeeper`.
 
@@ -355,13 +356,19 @@ mod etcd {
     use conformance_tests::store_process::StoreSpec;
 
     use super::{
-        break_refuses_a_free_key, break_releases_only_the_named_holder, served, Noticed, Served,
+        break_refuses_a_free_key, break_releases_only_the_named_holder,
+        list_shows_held_keys_with_tokens_by_prefix, served, Noticed, Served,
     };
 
     /// A private single-member etcd.
     fn etcd() -> Served {
         let spec = StoreSpec::etcd().unwrap_or_else(|err| panic!("cannot set up etcd: {err}"));
         served(spec, |addr| format!("etcd://{addr}/distlock-cli-test"))
+    }
+
+    #[test]
+    fn etcd_list_shows_held_keys_with_tokens_by_prefix() {
+        list_shows_held_keys_with_tokens_by_prefix(&etcd().store);
     }
 
     #[test]
