@@ -21,6 +21,7 @@ use tokio::time::timeout;
 use crate::config::{EtcdConfig, Layout};
 use crate::error::{is_lease_not_found, map, timed_out};
 use crate::keys::{parse_value, range_end, value, KeySpace};
+use crate::retired::{Attempts, Sending};
 use crate::session::{EtcdSession, Sessions};
 use crate::watch::{DirWatch, Own, TurnWatch};
 
@@ -46,6 +47,7 @@ struct Inner {
     request_timeout: Duration,
     endpoints: Vec<String>,
     sessions: Sessions,
+    attempts: Attempts,
 }
 
 /// The ask of one acquisition: which session it lives by and its entry.
@@ -109,6 +111,7 @@ impl EtcdBackend {
                 keys,
                 request_timeout: bound,
                 endpoints: config.endpoints().to_vec(),
+                attempts: Attempts::default(),
             }),
         })
     }
@@ -149,11 +152,25 @@ impl EtcdBackend {
     }
 
     /// A transaction that writes with `session`'s lease: a lease the store no longer has
-    /// ends the session, and the attempt is retried under a new one.
-    async fn txn_in(&self, what: &str, session: &EtcdSession, txn: Txn) -> Result<TxnResponse> {
+    /// ends the session, and the attempt is retried under a new one. `sending` (an
+    /// acquisition's write) is marked answered when etcd answers.
+    async fn txn_in(
+        &self,
+        what: &str,
+        session: &EtcdSession,
+        txn: Txn,
+        sending: Option<Sending<'_>>,
+    ) -> Result<TxnResponse> {
         let sent = timeout(self.inner.request_timeout, self.kv().txn(txn))
             .await
             .map_err(|_| timed_out(what))?;
+        // Applied, refused, or refused for a lease that is gone (nothing of it can land):
+        // any other error leaves it unknown whether the write is still on its way.
+        if sent.as_ref().is_ok() || sent.as_ref().is_err_and(is_lease_not_found) {
+            if let Some(sending) = sending {
+                sending.answered();
+            }
+        }
         match sent {
             Err(err) if is_lease_not_found(&err) => {
                 session.ended();
@@ -197,6 +214,16 @@ impl EtcdBackend {
             value(request.lease_id(), label),
             Some(PutOptions::new().with_lease(attempt.session.lease)),
         )
+    }
+
+    /// No tombstone of `request`'s acquisition on `attempt`'s session: its clean-up has not
+    /// run (see `retired.rs`).
+    fn not_retired(&self, request: &AcquireRequest, attempt: &Attempt) -> Compare {
+        let tombstone = self
+            .inner
+            .keys
+            .tombstone(attempt.session.lease, request.lease_id());
+        Compare::create_revision(tombstone, CompareOp::Equal, 0)
     }
 
     /// The key's entries, oldest first (the first is the owner).
@@ -243,25 +270,84 @@ impl EtcdBackend {
 
     /// Deletes `lease_id`'s entry on `key` if it is there, only that entry: its name (or,
     /// in the etcd-mutex layout, its value) identifies the acquisition. `true` if it was.
+    /// In the same transaction, leaves the tombstones that keep a write of the acquisition
+    /// still on its way from landing later (see `retired.rs`).
     async fn delete_entry(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
-        let (entry, guard) = match self.inner.keys.known_entry(key, lease_id) {
-            Some(entry) => (
+        let retire = self
+            .inner
+            .attempts
+            .retire(lease_id, || self.inner.sessions.live_shared());
+        let tombstones: Vec<TxnOp> = retire
+            .sessions
+            .iter()
+            .map(|session| self.tombstone(session, lease_id))
+            .collect();
+        let target = match self.inner.keys.known_entry(key, lease_id) {
+            Some(entry) => Some((
                 entry.clone(),
                 Compare::create_revision(entry, CompareOp::Greater, 0),
-            ),
-            None => match self.locate(key, lease_id).await? {
-                Some(kv) => (
+            )),
+            None => self.locate(key, lease_id).await?.map(|kv| {
+                (
                     kv.key().to_vec(),
                     Compare::value(kv.key().to_vec(), CompareOp::Equal, kv.value().to_vec()),
-                ),
-                None => return Ok(false),
-            },
+                )
+            }),
         };
-        let txn = Txn::new()
-            .when([guard])
-            .and_then([TxnOp::delete(entry, None)]);
-        let done = self.call("releasing", self.kv().txn(txn)).await?;
-        Ok(done.succeeded())
+        let found = target.is_some();
+        let txn = |tombstones: &[TxnOp]| match &target {
+            Some((entry, guard)) => {
+                let mut then = vec![TxnOp::delete(entry.clone(), None)];
+                if !retire.only_if_absent {
+                    then.extend_from_slice(tombstones);
+                }
+                Some(
+                    Txn::new()
+                        .when([guard.clone()])
+                        .and_then(then)
+                        .or_else(tombstones.to_vec()),
+                )
+            }
+            None if tombstones.is_empty() => None,
+            None => Some(Txn::new().and_then(tombstones.to_vec())),
+        };
+        let Some(first) = txn(&tombstones) else {
+            self.inner.attempts.retired(lease_id);
+            return Ok(false);
+        };
+        let sent = timeout(self.inner.request_timeout, self.kv().txn(first))
+            .await
+            .map_err(|_| timed_out("releasing"))?;
+        let done = match sent {
+            Ok(done) => Some(done),
+            // The lease of a session a tombstone was for is gone, and with it every entry
+            // and every later write on it: leave the others' one by one, then delete.
+            Err(err) if is_lease_not_found(&err) => {
+                for session in &retire.sessions {
+                    let one = Txn::new().and_then([self.tombstone(session, lease_id)]);
+                    let left = self.txn_in("releasing", session, one, None).await;
+                    if left.is_err() && !session.keeper.status().expired {
+                        left?;
+                    }
+                }
+                match txn(&[]) {
+                    Some(plain) => Some(self.call("releasing", self.kv().txn(plain)).await?),
+                    None => None,
+                }
+            }
+            Err(err) => return Err(map("releasing", err)),
+        };
+        self.inner.attempts.retired(lease_id);
+        Ok(found && done.is_some_and(|done| done.succeeded()))
+    }
+
+    /// The put of `lease_id`'s tombstone on `session` (see `retired.rs`).
+    fn tombstone(&self, session: &EtcdSession, lease_id: LeaseId) -> TxnOp {
+        TxnOp::put(
+            self.inner.keys.tombstone(session.lease, lease_id),
+            "",
+            Some(PutOptions::new().with_lease(session.lease)),
+        )
     }
 }
 
@@ -511,18 +597,26 @@ impl LockBackend for EtcdBackend {
     #[tracing::instrument(level = "debug", name = "etcd.acquire", skip_all, fields(key = request.key().as_str()))]
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
         let attempt = self.attempt(request).await?;
-        // Free only when nobody holds or queues: a try never jumps the queue.
+        // Free only when nobody holds or queues: a try never jumps the queue. Never after
+        // this acquisition's clean-up (a late write; see `retired.rs`).
         let txn = Txn::new()
             .when([
                 Compare::create_revision(attempt.dir.clone(), CompareOp::Equal, 0)
                     .with_range(range_end(&attempt.dir)),
+                self.not_retired(request, &attempt),
             ])
             .and_then([self.put_entry(request, &attempt)])
             .or_else([
                 TxnOp::get(attempt.entry.clone(), None),
                 Self::queue(&attempt.dir, 1),
             ]);
-        let response = self.txn_in("acquiring", &attempt.session, txn).await?;
+        let sending = self
+            .inner
+            .attempts
+            .sending(request.lease_id(), &attempt.session);
+        let response = self
+            .txn_in("acquiring", &attempt.session, txn, Some(sending))
+            .await?;
         if response.succeeded() {
             // The entry was created by this transaction, at its revision.
             return Self::grant(revision_of(&response), &attempt.session).map(Some);
@@ -689,15 +783,35 @@ impl LockBackend for EtcdBackend {
     #[tracing::instrument(level = "debug", name = "etcd.enqueue", skip_all, fields(key = request.key().as_str()))]
     async fn enqueue(&self, request: &AcquireRequest) -> Result<()> {
         let attempt = self.attempt(request).await?;
-        // Idempotent: a retry finds its entry and keeps its place.
+        // Idempotent: a retry finds its entry and keeps its place. Never after this
+        // acquisition's clean-up (a late write; see `retired.rs`).
+        let tombstone = self.not_retired(request, &attempt);
         let txn = Txn::new()
-            .when([Compare::create_revision(
-                attempt.entry.clone(),
-                CompareOp::Equal,
-                0,
-            )])
-            .and_then([self.put_entry(request, &attempt)]);
-        self.txn_in("queueing", &attempt.session, txn).await?;
+            .when([
+                Compare::create_revision(attempt.entry.clone(), CompareOp::Equal, 0),
+                tombstone,
+            ])
+            .and_then([self.put_entry(request, &attempt)])
+            .or_else([TxnOp::get(
+                self.inner
+                    .keys
+                    .tombstone(attempt.session.lease, request.lease_id()),
+                Some(GetOptions::new().with_keys_only()),
+            )]);
+        let sending = self
+            .inner
+            .attempts
+            .sending(request.lease_id(), &attempt.session);
+        let response = self
+            .txn_in("queueing", &attempt.session, txn, Some(sending))
+            .await?;
+        if !response.succeeded() && !read(&response, 0).is_empty() {
+            return Err(Error::new(
+                ErrorKind::Internal,
+                "etcd: this acquisition was cleaned up before its request reached the store; \
+                 nothing was queued",
+            ));
+        }
         Ok(())
     }
 

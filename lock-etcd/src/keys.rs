@@ -94,6 +94,15 @@ impl KeySpace {
         record
     }
 
+    /// The tombstone of acquisition `lease_id` on the etcd lease `etcd_lease`: while it
+    /// exists no entry of that acquisition is written with that lease (see `retired.rs`).
+    /// Beside the lock directories, outside the root they are listed from, in both layouts.
+    pub(crate) fn tombstone(&self, etcd_lease: i64, lease_id: LeaseId) -> Vec<u8> {
+        let mut tombstone = self.prefix.as_bytes().to_vec();
+        tombstone.extend_from_slice(format!("#retired/{etcd_lease:x}/{lease_id}").as_bytes());
+        tombstone
+    }
+
     /// Everything this client may have written, for a look at what is left.
     pub(crate) fn root(&self) -> Vec<u8> {
         let mut root = self.prefix.as_bytes().to_vec();

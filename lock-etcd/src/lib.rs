@@ -22,6 +22,7 @@ mod backend;
 mod config;
 mod error;
 mod keys;
+mod retired;
 mod server;
 mod session;
 mod watch;

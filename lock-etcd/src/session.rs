@@ -167,6 +167,26 @@ impl Sessions {
         })
     }
 
+    /// The live sessions shared by automatically renewed locks (one per TTL in use). A
+    /// session being opened right now is not among them.
+    pub(crate) fn live_shared(&self) -> Vec<Arc<EtcdSession>> {
+        let slots: Vec<Slot> = lock(&self.slots)
+            .iter()
+            .filter(|(kind, _)| matches!(kind, SessionKind::Shared(_)))
+            .map(|(_, slot)| Arc::clone(slot))
+            .collect();
+        slots
+            .into_iter()
+            .filter_map(|slot| {
+                let current = slot.try_lock().ok()?;
+                current
+                    .as_ref()
+                    .filter(|s| !s.keeper.status().expired)
+                    .cloned()
+            })
+            .collect()
+    }
+
     /// Ends a lock's own session in the background: its etcd lease is revoked (an entry
     /// left on it goes with it).
     pub(crate) fn end_own(&self, lease_id: LeaseId) {

@@ -488,3 +488,62 @@ async fn an_old_server_is_warned_about_once_per_connect() {
     );
     assert!(shown.contains("3.4.31"), "server {version}: {shown}");
 }
+
+/// Review N2 (c): an acquisition that lands in etcd after both of the core's clean-up
+/// releases (one at once, one a request time-out later) must not leave an entry on the
+/// client's shared session, which lives as long as the client: a third client gets the key
+/// within a few seconds, and the late grant is refused in the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquisition_landing_after_its_clean_ups_leaves_no_entry() {
+    use conformance_tests::{Fault, FaultyBackend, Op};
+    use lock_core::{AcquireOptions, Wait};
+
+    let server = start_etcd().await;
+    let url = etcd_url(&[server.addr()], "");
+    let faulty = FaultyBackend::new(connect(&url).await);
+    let rival = client(&url).await;
+    let late = LockClient::from_dyn(faulty.clone());
+    let key = "late-landing";
+    // The client has locked before, so its shared session of this TTL is alive, as it is
+    // in any client that a late write could come from.
+    late.lock("warm-up")
+        .ttl(TTL)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let request_timeout = Duration::from_millis(500);
+    // After the release at once and the second one a request time-out after it.
+    let landing = request_timeout * 2 + Duration::from_millis(1500);
+    faulty.inject_times(Op::Acquire, Fault::LandLate(landing), 1);
+    let options = AcquireOptions {
+        ttl: TTL,
+        wait: Wait::No,
+        request_timeout,
+        ..AcquireOptions::default()
+    };
+    let releases_before = faulty.completed(Op::Release);
+    let abandoned = late.lock(key).options(options).await;
+    assert!(abandoned.is_err(), "the late attempt was answered in time");
+    let deadline = Instant::now() + landing + SLACK * 4;
+    while faulty.landed() == 0 {
+        assert!(Instant::now() < deadline, "the late attempt never landed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        faulty.completed(Op::Release) >= releases_before + 2,
+        "the attempt landed before both clean-up releases were answered; the test proves nothing"
+    );
+    let taken = rival
+        .lock(key)
+        .ttl(TTL)
+        .wait_up_to(TTL * 3)
+        .await
+        .expect("a third client gets the key: the late acquisition blocks it");
+    taken.release().await.unwrap();
+    assert!(
+        rival.inspect(key).await.unwrap().is_none(),
+        "an entry is left"
+    );
+}
