@@ -135,9 +135,11 @@ impl LockClient {
     /// [`inspect`](Self::inspect) or [`list`](Self::list) shows): the way out of a key
     /// whose holder is stuck but alive and renewing. Refused with
     /// [`ErrorKind::HeldByAnother`] when the key is held under another token (it moved
-    /// on), and with [`ErrorKind::InvalidInput`] when nobody holds it. The holder learns
-    /// of it at its next renewal, as of any loss; whatever it still does is fenced out by
-    /// the next holder's greater token.
+    /// on), and with [`ErrorKind::InvalidInput`] when nobody holds it. A holder whose
+    /// lease is renewed per key learns of it at its next renewal, as of any loss; on a
+    /// session store (etcd, ZooKeeper), whose leases are kept by the session rather than
+    /// one by one, only at its release. Until then it may still act: whatever it does is
+    /// fenced out by the next holder's greater token, and only that.
     ///
     /// [`ErrorKind::HeldByAnother`]: crate::ErrorKind::HeldByAnother
     /// [`ErrorKind::InvalidInput`]: crate::ErrorKind::InvalidInput
