@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use conformance_tests::proxy::{ProxyMode, TcpFaultProxy};
 use conformance_tests::{everything_shown, SLACK};
 use lock_core::backend::{AcquireRequest, Record};
-use lock_core::{ErrorKind, LeaseId, LockClient, LockKey};
+use lock_core::{ErrorKind, LeaseId, LockClient, LockKey, Renewal};
 use support::{closed_addr, connect, etcd_url, etcdctl, start_etcd};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -546,4 +546,73 @@ async fn acquisition_landing_after_its_clean_ups_leaves_no_entry() {
         rival.inspect(key).await.unwrap().is_none(),
         "an entry is left"
     );
+}
+
+/// Review N2 (c), as raft would do it: a transaction sent, its caller gone before the
+/// answer, the acquisition cleaned up, and then the same transaction (same etcd lease,
+/// same lease id) reaching the store again. The clean-up of an unanswered acquisition
+/// leaves a tombstone even though it found (and deleted) the entry, so the late copy writes
+/// nothing, and the client's session is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unanswered_write_cannot_land_after_its_clean_up() {
+    let server = start_etcd().await;
+    let proxy = TcpFaultProxy::start(server.addr()).await.unwrap();
+    let backend = connect(&etcd_url(&[proxy.addr()], "")).await;
+    let observer = client(&etcd_url(&[server.addr()], "")).await;
+    // The client's shared session of this TTL is open, as it is for any write that was
+    // sent with it; this lock on it shows it survives.
+    let warm = AcquireRequest::new(LockKey::new("warm-up").unwrap(), TTL, Duration::ZERO)
+        .with_renewal(Renewal::Auto);
+    let warm_token = backend.try_acquire(&warm).await.unwrap().unwrap().token();
+    for queued in [false, true] {
+        let key = LockKey::new(format!("unanswered-{queued}")).unwrap();
+        let request =
+            AcquireRequest::new(key.clone(), TTL, Duration::ZERO).with_renewal(Renewal::Auto);
+        // Replies come back a second after the store applied the write: the caller gives
+        // up once the store has it, before the answer.
+        proxy.set_mode(ProxyMode::Delay(Duration::from_millis(500)));
+        let landed = async {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while observer.inspect(key.as_str()).await.unwrap().is_none() {
+                assert!(
+                    Instant::now() < deadline,
+                    "the write never reached the store"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        let write = async {
+            if queued {
+                backend.enqueue(&request).await.map(|()| None)
+            } else {
+                backend.try_acquire(&request).await
+            }
+        };
+        tokio::select! {
+            answered = write => panic!("the delayed write was answered: {answered:?}"),
+            () = landed => {}
+        }
+        proxy.set_mode(ProxyMode::Pass);
+        // The core's clean-up, which finds the entry the unanswered write made.
+        if queued {
+            backend.leave_queue(&key, request.lease_id()).await.unwrap();
+            let late = backend.enqueue(&request).await;
+            assert!(late.is_err(), "the late copy was queued");
+        } else {
+            assert!(backend.release(&key, request.lease_id()).await.unwrap());
+            let late = backend.try_acquire(&request).await.unwrap();
+            assert!(late.is_none(), "the late copy was granted the key");
+        }
+        assert!(
+            observer.inspect(key.as_str()).await.unwrap().is_none(),
+            "the late copy left an entry (queued: {queued})"
+        );
+    }
+    let warm_now = observer.inspect("warm-up").await.unwrap();
+    assert_eq!(
+        warm_now.map(|held| held.token),
+        Some(warm_token),
+        "the client's session ended"
+    );
+    assert!(backend.release(warm.key(), warm.lease_id()).await.unwrap());
 }
