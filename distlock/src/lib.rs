@@ -170,15 +170,18 @@ mod tests {
     /// The facade's table knows every scheme of every backend compiled in.
     #[test]
     fn every_backend_scheme_is_in_the_table() {
-        let mut schemes: Vec<&str> = Vec::new();
-        #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-        schemes.extend(lock_sql::SCHEMES);
-        #[cfg(feature = "redis")]
-        schemes.extend(lock_redis::SCHEMES);
-        #[cfg(feature = "etcd")]
-        schemes.extend(lock_etcd::SCHEMES);
-        #[cfg(feature = "zookeeper")]
-        schemes.extend(lock_zk::SCHEMES);
+        let built: &[&[&str]] = &[
+            #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+            lock_sql::SCHEMES,
+            #[cfg(feature = "redis")]
+            lock_redis::SCHEMES,
+            #[cfg(feature = "etcd")]
+            lock_etcd::SCHEMES,
+            #[cfg(feature = "zookeeper")]
+            lock_zk::SCHEMES,
+            &[],
+        ];
+        let schemes = built.concat();
         for scheme in schemes {
             assert!(
                 SCHEMES.iter().any(|(known, _, _)| *known == scheme),
