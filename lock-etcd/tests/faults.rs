@@ -616,3 +616,56 @@ async fn unanswered_write_cannot_land_after_its_clean_up() {
     );
     assert!(backend.release(warm.key(), warm.lease_id()).await.unwrap());
 }
+
+/// A role granted the prefix as a string prefix is enough for every operation, the
+/// tombstone compare of each acquisition included; one granted only `<prefix>/` is refused
+/// with `PermissionDenied` (the docs say which to grant).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_on_the_prefix_is_enough() {
+    let server = start_etcd().await;
+    let addrs = [server.addr()];
+    for args in [
+        &["user", "add", "root:R00t-pass", "--interactive=false"][..],
+        &["user", "add", "app:App-pass", "--interactive=false"],
+        &["user", "add", "narrow:Narrow-pass", "--interactive=false"],
+        &["role", "add", "locks"],
+        &["role", "add", "narrow"],
+        &[
+            "role",
+            "grant-permission",
+            "locks",
+            "readwrite",
+            "locks",
+            "--prefix",
+        ],
+        &[
+            "role",
+            "grant-permission",
+            "narrow",
+            "readwrite",
+            "locks/",
+            "--prefix",
+        ],
+        &["user", "grant-role", "app", "locks"],
+        &["user", "grant-role", "narrow", "narrow"],
+        &["auth", "enable"],
+    ] {
+        etcdctl(&addrs, args).await;
+    }
+    let options = "request_timeout_ms=2000&min_ttl_ms=1000";
+    let app = format!("etcd://app:App-pass@{}/locks?{options}", server.addr());
+    let app = LockClient::from_dyn(lock_etcd::connect(&app).await.unwrap());
+    let guard = app.lock("k").ttl(TTL).await.unwrap();
+    assert_eq!(app.list("", 10).await.unwrap().len(), 1);
+    guard.release().await.unwrap();
+    let narrow = format!(
+        "etcd://narrow:Narrow-pass@{}/locks?{options}",
+        server.addr()
+    );
+    let narrow = LockClient::from_dyn(lock_etcd::connect(&narrow).await.unwrap());
+    let refused = narrow.lock("k").ttl(TTL).await;
+    assert_eq!(
+        refused.map(drop).unwrap_err().kind(),
+        ErrorKind::PermissionDenied
+    );
+}
