@@ -159,3 +159,58 @@ impl Drop for Sending<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leases(retire: &Retire) -> Vec<i64> {
+        retire.sessions.iter().map(|s| s.lease).collect()
+    }
+
+    #[test]
+    fn only_unanswered_or_unseen_acquisitions_leave_tombstones() {
+        let attempts = Attempts::default();
+        let (sent_with, other) = (
+            Arc::new(EtcdSession::detached(7)),
+            Arc::new(EtcdSession::detached(8)),
+        );
+        let live = || vec![Arc::clone(&sent_with), Arc::clone(&other)];
+
+        // Answered: nothing to keep out.
+        let answered = LeaseId::random();
+        attempts.sending(answered, &sent_with).answered();
+        let retire = attempts.retire(answered, live);
+        assert!(retire.sessions.is_empty());
+
+        // Unanswered (dropped on the way), even after a retry was answered: on the
+        // session it was sent with, entry or not.
+        let unanswered = LeaseId::random();
+        drop(attempts.sending(unanswered, &sent_with));
+        attempts.sending(unanswered, &sent_with).answered();
+        let retire = attempts.retire(unanswered, live);
+        assert_eq!((leases(&retire), retire.only_if_absent), (vec![7], false));
+        // Once its clean-up was answered, later clean-ups need none.
+        attempts.retired(unanswered);
+        assert!(attempts.retire(unanswered, live).sessions.is_empty());
+
+        // Never seen: on every live shared session, only if the entry is gone.
+        let unseen = LeaseId::random();
+        let retire = attempts.retire(unseen, live);
+        assert_eq!((leases(&retire), retire.only_if_absent), (vec![7, 8], true));
+    }
+
+    #[test]
+    fn the_record_is_bounded() {
+        let attempts = Attempts::default();
+        let session = Arc::new(EtcdSession::detached(7));
+        let first = LeaseId::random();
+        attempts.sending(first, &session).answered();
+        for _ in 0..ANSWERED_KEPT {
+            attempts.sending(LeaseId::random(), &session).answered();
+        }
+        let state = lock(&attempts.state);
+        assert_eq!(state.answered.len(), ANSWERED_KEPT);
+        assert!(!state.answered.contains(&first));
+    }
+}

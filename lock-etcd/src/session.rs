@@ -60,6 +60,16 @@ pub(crate) struct EtcdSession {
 }
 
 impl EtcdSession {
+    /// A session of etcd lease `lease` with no keep-alive task, for unit tests.
+    #[cfg(test)]
+    pub(crate) fn detached(lease: i64) -> Self {
+        EtcdSession {
+            lease,
+            keeper: SessionKeeper::new(Instant::now(), Duration::from_secs(10)),
+            pings: mpsc::unbounded_channel().0,
+        }
+    }
+
     /// The store ended the lease: every entry on it is gone.
     pub(crate) fn ended(&self) {
         self.keeper.expired();
