@@ -337,6 +337,71 @@ mod tests {
         }
     }
 
+    /// The memory store behind a link whose releases take `slow` to be answered (the
+    /// store applies them only then, so a dropped release never lands).
+    #[derive(Debug)]
+    struct SlowRelease {
+        store: MemoryBackend,
+        slow: Duration,
+    }
+
+    #[async_trait::async_trait]
+    impl LockBackend for SlowRelease {
+        fn name(&self) -> &'static str {
+            "slow-release"
+        }
+        fn capabilities(&self) -> &Capabilities {
+            self.store.capabilities()
+        }
+        async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
+            self.store.try_acquire(request).await
+        }
+        async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
+            self.store.renew(key, lease_id, ttl).await
+        }
+        async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
+            tokio::time::sleep(self.slow).await;
+            self.store.release(key, lease_id).await
+        }
+        async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
+            self.store.inspect(key).await
+        }
+    }
+
+    /// A task that is handed a lease it did not opt into gives it back to the store; if
+    /// it is cancelled while doing so, the lease is still given back (in the background),
+    /// not left held for its TTL.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_handed_lease_given_back_by_a_cancelled_task_is_released() {
+        let store = MemoryBackend::new();
+        let slow = Duration::from_millis(200);
+        let client = LockClient::from_dyn(Arc::new(SlowRelease {
+            store: store.clone(),
+            slow,
+        }))
+        .with_defaults(AcquireOptions {
+            ttl: Duration::from_secs(60),
+            ..AcquireOptions::default()
+        });
+        let holder = client.lock("k").local_handoff(true).await.unwrap();
+        // Waits in the client's local line without opting into the handoff.
+        let receiver = tokio::spawn(client.lock("k").local_handoff(false).into_future());
+        wait_until(|| client.local_waiters("k") == 1).await;
+        // Handed over locally, so no store call: the receiver now gives it back (slowly).
+        holder.release().await.unwrap();
+        tokio::time::sleep(slow / 4).await;
+        receiver.abort();
+        let key = LockKey::new("k").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while store.inspect(&key).await.unwrap().is_some() {
+            assert!(
+                Instant::now() < deadline,
+                "the handed lease stayed held after its receiver was cancelled"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     /// A wait cancelled between attempts has nothing on its way to the store: one release
     /// cleans up, without a second one a request timeout later (which a process exiting
     /// after Ctrl-C would otherwise wait for or cut off). Cancelled mid-attempt, the second
