@@ -442,53 +442,6 @@ async fn retried_record_writes_leave_one_lease() {
     backend.release(&key, lease).await.unwrap();
 }
 
-/// What a test's tracing subscriber wrote.
-#[derive(Clone, Default)]
-struct Logs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logs {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// The tested etcd 3.4.23 predates the fixes for a stuck leader (etcd issues 12528 and
-/// 15247): `connect` reads the server's version and warns once, naming the first fixed
-/// releases, and still connects.
-#[tokio::test]
-async fn an_old_server_is_warned_about_once_per_connect() {
-    let server = start_etcd().await;
-    let logs = Logs::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .without_time()
-        .with_writer(move || writer.clone())
-        .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
-    let version = etcd_client::Client::connect([server.addr().to_string()], None)
-        .await
-        .unwrap()
-        .status()
-        .await
-        .unwrap()
-        .version()
-        .to_string();
-    let _backend = connect(&etcd_url(&[server.addr()], "")).await;
-    let shown = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
-    assert_eq!(
-        shown.matches("12528").count(),
-        1,
-        "server {version}: {shown}"
-    );
-    assert!(shown.contains("3.4.31"), "server {version}: {shown}");
-}
-
 /// Review N2 (c): an acquisition that lands in etcd after both of the core's clean-up
 /// releases (one at once, one a request time-out later) must not leave an entry on the
 /// client's shared session, which lives as long as the client: a third client gets the key
