@@ -7,7 +7,6 @@
 //! the acquisition attempt under Redlock (see `redlock.rs`); every script here matches the
 //! lease id only, so they serve both backends alike.
 
-use std::fmt::Write as _;
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -17,7 +16,7 @@ use lock_core::{Capabilities, FencingToken, LeaseId, Result};
 use redis::Script;
 
 use crate::error::unexpected_reply;
-use crate::keys::Layout;
+use crate::keys::{push_hex, text_of_hex, Layout};
 use crate::node::Node;
 
 static INSPECT: LazyLock<Script> =
@@ -72,10 +71,7 @@ impl Held {
 /// A holder label as the acquire scripts take it: its UTF-8 bytes in hex, `""` for none.
 pub(crate) fn label_arg(label: Option<&str>) -> String {
     let mut hex = String::new();
-    for byte in label.unwrap_or_default().bytes() {
-        // Writing to a String cannot fail.
-        let _ = write!(hex, "{byte:02x}");
-    }
+    push_hex(&mut hex, label.unwrap_or_default());
     hex
 }
 
@@ -83,14 +79,7 @@ pub(crate) fn label_arg(label: Option<&str>) -> String {
 /// older version, or one that does not decode).
 fn label_of(value: &str) -> Option<String> {
     let hex = value.splitn(4, ':').nth(3).filter(|hex| !hex.is_empty())?;
-    let bytes = (0..hex.len())
-        .step_by(2)
-        .map(|i| {
-            hex.get(i..i + 2)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-        })
-        .collect::<Option<Vec<u8>>>()?;
-    String::from_utf8(bytes).ok()
+    text_of_hex(hex)
 }
 
 /// A TTL as the whole milliseconds the scripts pass to `PX`/`PEXPIRE`, rounded up so the

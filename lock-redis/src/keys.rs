@@ -76,18 +76,25 @@ impl Layout {
             .strip_prefix(&self.prefix)?
             .strip_prefix('{')?
             .strip_suffix('}')?;
-        let bytes = (0..hex.len())
-            .step_by(2)
-            .map(|i| {
-                hex.get(i..i + 2)
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-            })
-            .collect::<Option<Vec<u8>>>()?;
-        String::from_utf8(bytes).ok()
+        text_of_hex(hex)
     }
 }
 
-fn push_hex(out: &mut String, text: &str) {
+/// The UTF-8 text whose bytes `hex` spells (as [`push_hex`] writes them); `None` when it
+/// does not decode.
+pub(crate) fn text_of_hex(hex: &str) -> Option<String> {
+    let bytes = (0..hex.len())
+        .step_by(2)
+        .map(|i| {
+            hex.get(i..i + 2)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+        })
+        .collect::<Option<Vec<u8>>>()?;
+    String::from_utf8(bytes).ok()
+}
+
+/// Appends `text`'s UTF-8 bytes to `out` in lowercase hex.
+pub(crate) fn push_hex(out: &mut String, text: &str) {
     for byte in text.bytes() {
         // Writing to a String cannot fail.
         let _ = write!(out, "{byte:02x}");
