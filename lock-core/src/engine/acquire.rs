@@ -343,6 +343,8 @@ mod tests {
     struct SlowRelease {
         store: MemoryBackend,
         slow: Duration,
+        /// Releases that have reached the link.
+        releasing: AtomicU64,
     }
 
     #[async_trait::async_trait]
@@ -360,6 +362,7 @@ mod tests {
             self.store.renew(key, lease_id, ttl).await
         }
         async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
+            self.releasing.fetch_add(1, Ordering::SeqCst);
             tokio::time::sleep(self.slow).await;
             self.store.release(key, lease_id).await
         }
@@ -375,11 +378,12 @@ mod tests {
     async fn a_handed_lease_given_back_by_a_cancelled_task_is_released() {
         let store = MemoryBackend::new();
         let slow = Duration::from_millis(200);
-        let client = LockClient::from_dyn(Arc::new(SlowRelease {
+        let link = Arc::new(SlowRelease {
             store: store.clone(),
             slow,
-        }))
-        .with_defaults(AcquireOptions {
+            releasing: AtomicU64::new(0),
+        });
+        let client = LockClient::from_dyn(link.clone()).with_defaults(AcquireOptions {
             ttl: Duration::from_secs(60),
             ..AcquireOptions::default()
         });
@@ -389,7 +393,8 @@ mod tests {
         wait_until(|| client.local_waiters("k") == 1).await;
         // Handed over locally, so no store call: the receiver now gives it back (slowly).
         holder.release().await.unwrap();
-        tokio::time::sleep(slow / 4).await;
+        // The receiver is giving the lease back: cancel it mid-release.
+        wait_until(|| link.releasing.load(Ordering::SeqCst) == 1).await;
         receiver.abort();
         let key = LockKey::new("k").unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
