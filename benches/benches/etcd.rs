@@ -62,7 +62,7 @@ fn ratio(a: &Sample, b: &Sample) -> f64 {
 }
 
 async fn library_client(url: &str, renewal: Renewal) -> LockClient {
-    LockClient::from_dyn(lock_etcd::connect(url).await.unwrap()).with_defaults(AcquireOptions {
+    LockClient::new(lock_etcd::connect(url).await.unwrap()).with_defaults(AcquireOptions {
         ttl: TTL,
         renewal,
         ..AcquireOptions::default()

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use distlock_benches::{contended, report, sample};
+use lock_core::Renewal;
 use lock_core::{
     backend::{AcquireRequest, LockBackend},
     LockClient, LockKey, MemoryBackend,
@@ -19,12 +20,13 @@ fn main() {
         let backend = MemoryBackend::new();
         let key = LockKey::new("bench/raw").expect("valid key");
         let raw = sample(CYCLES, || async {
-            let request = AcquireRequest::new(key.clone(), TTL, Duration::ZERO);
+            let request = AcquireRequest::new(key.clone(), TTL, Duration::ZERO, Renewal::Manual);
             backend.try_acquire(&request).await.expect("free key");
-            backend
+            let released = backend
                 .release(&key, request.lease_id())
                 .await
                 .expect("held key");
+            assert!(released.is_held());
         })
         .await;
 

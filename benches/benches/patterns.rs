@@ -51,7 +51,7 @@ fn main() {
 /// Replays of a recorded result: requests per call and latency, against the raw read.
 async fn replay(store: &str, backend: DynBackend) {
     let faulty = FaultyBackend::new(backend.clone());
-    let client = LockClient::from_dyn(faulty.clone());
+    let client = LockClient::new(faulty.clone());
     let key = "bench/idempotent";
     let first = client
         .idempotent(key)
@@ -100,11 +100,11 @@ where
 {
     let key = format!("bench/coalesced-{store}");
     let shared = FaultyBackend::new(connect().await);
-    let one_client = LockClient::from_dyn(shared.clone());
+    let one_client = LockClient::new(shared.clone());
     let mut own: Vec<(Arc<FaultyBackend>, LockClient)> = Vec::new();
     for _ in 0..TASKS {
         let faulty = FaultyBackend::new(connect().await);
-        own.push((faulty.clone(), LockClient::from_dyn(faulty)));
+        own.push((faulty.clone(), LockClient::new(faulty)));
     }
     for round in 0..ROUNDS {
         let clients = vec![one_client.clone(); TASKS];

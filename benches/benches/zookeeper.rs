@@ -63,7 +63,7 @@ fn ratio(a: &Sample, b: &Sample) -> f64 {
 }
 
 async fn library_client(url: &str, renewal: Renewal) -> LockClient {
-    LockClient::from_dyn(lock_zk::connect(url).await.unwrap()).with_defaults(AcquireOptions {
+    LockClient::new(lock_zk::connect(url).await.unwrap()).with_defaults(AcquireOptions {
         ttl: TTL,
         renewal,
         ..AcquireOptions::default()

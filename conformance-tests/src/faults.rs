@@ -6,11 +6,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use lock_core::backend::async_trait;
 use lock_core::backend::{
     AcquireRequest, Change, DynBackend, Grant, HolderInfo, KeyWatch, LeaseRenewal, LockBackend,
-    Record, Turn,
+    Ownership, Record, Turn,
 };
-use lock_core::{async_trait, Capabilities, Error, ErrorKind, LeaseId, LockKey, Result};
+use lock_core::{Capabilities, Error, ErrorKind, LeaseId, LockKey, Result};
 
 /// An operation of [`LockBackend`] that faults can target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -305,24 +306,29 @@ impl LockBackend for FaultyBackend {
             .await
     }
 
-    async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
+    async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<Ownership> {
         self.faulted(Op::Renew, self.inner.renew(key, lease_id, ttl))
             .await
     }
 
-    async fn expire_in(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
+    async fn expire_in(
+        &self,
+        key: &LockKey,
+        lease_id: LeaseId,
+        ttl: Duration,
+    ) -> Result<Ownership> {
         self.faulted(Op::Renew, self.inner.expire_in(key, lease_id, ttl))
             .await
     }
 
-    async fn renew_many(&self, leases: &[LeaseRenewal]) -> Vec<Result<bool>> {
+    async fn renew_many(&self, leases: &[LeaseRenewal]) -> Vec<Result<Ownership>> {
         let renewed = self
             .faulted(Op::Renew, async { Ok(self.inner.renew_many(leases).await) })
             .await;
         renewed.unwrap_or_else(|err| vec![Err(err); leases.len()])
     }
 
-    async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
+    async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<Ownership> {
         self.faulted(Op::Release, self.inner.release(key, lease_id))
             .await
     }
@@ -379,7 +385,7 @@ impl LockBackend for FaultyBackend {
         lease_id: LeaseId,
         record: &Record,
         retention: Duration,
-    ) -> Result<bool> {
+    ) -> Result<Ownership> {
         self.faulted(
             Op::Record,
             self.inner.write_record(key, lease_id, record, retention),

@@ -5,78 +5,14 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lock_core::{
-    async_trait, backend::DynBackend, AcquireOptions, Capabilities, LockClient, LockKey,
-};
+use lock_core::backend::DynBackend;
+use lock_core::{AcquireOptions, Capabilities, LockClient, LockKey};
 
+pub use crate::factory::BackendFactory;
+use crate::factory::{PrivateServers, ServerFactory};
+pub use crate::failure::{Failure, Outcome};
 use crate::faults::FaultyBackend;
-
-/// Builds clients of one store under test. Each [`connect`](Self::connect) is an
-/// independent client, as a separate process would have.
-#[async_trait]
-pub trait BackendFactory: Send + Sync + 'static {
-    /// The name in test names and the report (`memory`, `redis`, `postgres`, ...).
-    fn name(&self) -> String;
-
-    /// A new, independent client of the store.
-    async fn connect(&self) -> lock_core::Result<DynBackend>;
-
-    /// What the store still keeps for keys that start with `prefix`, apart from what the
-    /// backend's docs say it keeps for ever (such as a fencing counter). Empty when
-    /// nothing is left behind.
-    async fn residue(&self, prefix: &str) -> lock_core::Result<Vec<String>>;
-
-    /// A client configured for a store that cannot be reached (a closed port), if the
-    /// backend talks to a server at all; `None` for an embedded store.
-    async fn connect_unreachable(&self) -> Option<lock_core::Result<DynBackend>> {
-        None
-    }
-
-    /// A new client whose link to the store the scenario can cut or slow, for the session
-    /// scenarios; `None` when the factory cannot build one.
-    async fn connect_with_link(
-        &self,
-    ) -> Option<lock_core::Result<(DynBackend, Arc<dyn LinkControl>)>> {
-        None
-    }
-}
-
-/// One client's connection to the store, to cut or slow on purpose (a TCP fault proxy for
-/// a server, the in-memory link for the memory backend).
-pub trait LinkControl: Send + Sync {
-    /// Every request and keep-alive of the client is lost from now on.
-    fn cut(&self);
-    /// The link works again.
-    fn restore(&self);
-    /// Replies (at least the session keep-alives' replies) reach the client `delay` after
-    /// the store applied the request.
-    fn delay_replies(&self, delay: Duration);
-}
-
-/// Why a scenario failed.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Failure(pub String);
-
-impl fmt::Debug for Failure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl fmt::Display for Failure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl From<lock_core::Error> for Failure {
-    fn from(err: lock_core::Error) -> Self {
-        Failure(format!("unexpected error: {err} ({err:?})"))
-    }
-}
-
-/// A scenario's result.
-pub type Outcome = Result<(), Failure>;
+pub use crate::proxy::LinkControl;
 
 /// Everything a caller could print about an error: its message, its `Debug` form and
 /// every source in its chain (with theirs), for tests that a secret never shows.
@@ -181,7 +117,7 @@ impl Ctx {
 
     /// A new independent client with the suite's default options.
     pub async fn client(&self) -> Result<LockClient, Failure> {
-        Ok(LockClient::from_dyn(self.backend().await?).with_defaults(self.options()))
+        Ok(LockClient::new(self.backend().await?).with_defaults(self.options()))
     }
 
     /// A new client with the suite's default options whose link the scenario controls.
@@ -191,16 +127,25 @@ impl Ctx {
             .connect_with_link()
             .await
             .ok_or_else(|| Failure("the factory cannot cut a client's link".into()))??;
-        Ok((
-            LockClient::from_dyn(backend).with_defaults(self.options()),
-            link,
-        ))
+        Ok((LockClient::new(backend).with_defaults(self.options()), link))
+    }
+
+    /// The factory's servers, or a failure for an embedded store.
+    pub fn servers(&self) -> Result<&ServerFactory, Failure> {
+        self.factory
+            .servers()
+            .ok_or_else(|| Failure("the store runs no servers".into()))
+    }
+
+    /// Servers of the store under test for this scenario alone.
+    pub async fn private_servers(&self) -> Result<PrivateServers, Failure> {
+        self.servers()?.start_private().await
     }
 
     /// A new client wrapped in a fault injector (returned too, to steer it).
     pub async fn faulty_client(&self) -> Result<(LockClient, Arc<FaultyBackend>), Failure> {
         let faulty = FaultyBackend::new(self.backend().await?);
-        let client = LockClient::from_dyn(faulty.clone()).with_defaults(self.options());
+        let client = LockClient::new(faulty.clone()).with_defaults(self.options());
         Ok((client, faulty))
     }
 
@@ -217,7 +162,8 @@ impl Ctx {
     /// The shortest TTL the scenarios rely on: long enough for a round trip and timer
     /// lateness, short enough to wait out many times.
     pub fn short_ttl(&self) -> Duration {
-        Duration::from_millis(400)
+        self.factory
+            .shortest_ttl()
             .max(self.capabilities.min_ttl)
             .max(self.capabilities.ttl_granularity * 2)
     }

@@ -20,6 +20,8 @@
 //! starts private store servers on free loopback ports and can pause, kill and restart them.
 
 pub mod capability_table;
+pub mod factory;
+mod failure;
 pub mod faults;
 pub mod harness;
 mod memory;
@@ -29,6 +31,7 @@ mod runner;
 pub mod scenarios;
 pub mod store_process;
 
+pub use factory::{ServerFactory, ServerStore};
 pub use faults::{Fault, FaultyBackend, Op};
 pub use harness::{
     eventually, everything_shown, expect_kind, released, within, BackendFactory, Ctx, Failure,

@@ -3,8 +3,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lock_core::backend::async_trait;
 use lock_core::backend::DynBackend;
-use lock_core::{async_trait, MemoryBackend, MemoryLink};
+use lock_core::memory::MemoryLink;
+use lock_core::MemoryBackend;
 
 use crate::harness::{BackendFactory, LinkControl};
 

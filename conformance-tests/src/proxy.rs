@@ -293,3 +293,51 @@ where
         }
     }
 }
+
+/// A proxy as a client's link: cut is a silent partition, and slow replies delay each
+/// direction by half the asked delay. The proxy holds back each chunk in each direction,
+/// and bytes that arrive while one is held back wait for the next, so half each way keeps
+/// a reply within about `delay` of the store applying the request (the ZooKeeper client
+/// drops a connection silent for 2/5 of its session timeout: a whole round trip of the
+/// asked delay is what it can live with).
+/// One client's connection to the store, to cut or slow on purpose (a TCP fault proxy for
+/// a server, the in-memory link for the memory backend).
+pub trait LinkControl: Send + Sync {
+    /// Every request and keep-alive of the client is lost from now on.
+    fn cut(&self);
+    /// The link works again.
+    fn restore(&self);
+    /// Replies (at least the session keep-alives' replies) reach the client `delay` after
+    /// the store applied the request.
+    fn delay_replies(&self, delay: Duration);
+}
+
+impl LinkControl for TcpFaultProxy {
+    fn cut(&self) {
+        self.set_mode(ProxyMode::BlackHole);
+    }
+
+    fn restore(&self) {
+        self.set_mode(ProxyMode::Pass);
+    }
+
+    fn delay_replies(&self, delay: Duration) {
+        self.set_mode(ProxyMode::Delay(delay / 2));
+    }
+}
+
+/// The links of a client of several servers (every Redlock node, every cluster member),
+/// cut or slowed together.
+impl<L: LinkControl> LinkControl for Vec<L> {
+    fn cut(&self) {
+        self.iter().for_each(L::cut);
+    }
+
+    fn restore(&self) {
+        self.iter().for_each(L::restore);
+    }
+
+    fn delay_replies(&self, delay: Duration) {
+        self.iter().for_each(|link| link.delay_replies(delay));
+    }
+}

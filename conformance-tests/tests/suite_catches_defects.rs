@@ -9,10 +9,11 @@ use std::time::{Duration, Instant};
 
 use conformance_tests::scenarios::{Offers, ALL};
 use conformance_tests::{BackendFactory, Ctx, LinkControl};
+use lock_core::backend::async_trait;
 use lock_core::backend::{
-    AcquireRequest, DynBackend, Grant, HolderInfo, LockBackend, Session, SessionKeeper,
+    AcquireRequest, DynBackend, Grant, HolderInfo, LockBackend, Ownership, Session, SessionKeeper,
 };
-use lock_core::{async_trait, Capabilities, FencingToken, LeaseId, LockKey, MemoryBackend, Result};
+use lock_core::{Capabilities, FencingToken, LeaseId, LockKey, MemoryBackend, Renewal, Result};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Defect {
@@ -112,17 +113,18 @@ impl LockBackend for Defective {
         }
     }
 
-    async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
+    async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<Ownership> {
         let renewed = self.inner.renew(key, lease_id, ttl).await?;
-        if !renewed && self.defect == Defect::RenewalAfterExpiry {
-            let request =
-                AcquireRequest::new(key.clone(), ttl, Duration::ZERO).with_lease_id(lease_id);
-            return Ok(self.inner.try_acquire(&request).await?.is_some());
+        if renewed == Ownership::NotHeld && self.defect == Defect::RenewalAfterExpiry {
+            let request = AcquireRequest::new(key.clone(), ttl, Duration::ZERO, Renewal::Manual)
+                .with_lease_id(lease_id);
+            let taken = self.inner.try_acquire(&request).await?.is_some();
+            return Ok(Ownership::held_if(taken));
         }
         Ok(renewed)
     }
 
-    async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
+    async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<Ownership> {
         if self.defect == Defect::ReleaseWithoutOwnerCheck {
             if let Some(holder) = self.inner.inspect(key).await? {
                 return self.inner.release(key, holder.lease_id).await;

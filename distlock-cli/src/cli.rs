@@ -200,9 +200,24 @@ pub struct RunArgs {
 /// `distlock status`.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// One JSON array on stdout, one object per key.
+    /// One JSON array on stdout, one object per key (with --watch: one object per key
+    /// and look, one per line).
     #[arg(long)]
     pub json: bool,
+
+    /// Look again every --interval until interrupted (or --count looks), one line per key
+    /// and look, with what changed between looks: renewals and handovers seen, and how
+    /// long the current holder has been seen holding the key.
+    #[arg(long)]
+    pub watch: bool,
+
+    /// With --watch: the time between looks.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1s", requires = "watch")]
+    pub interval: Duration,
+
+    /// With --watch: stop after this many looks (default: until interrupted).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..), requires = "watch")]
+    pub count: Option<u64>,
 
     /// The keys to look up.
     #[arg(required = true, value_name = "KEY")]

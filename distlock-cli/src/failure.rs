@@ -77,57 +77,6 @@ pub fn describe(err: &Error, store: &str) -> String {
         }
         source = cause.source();
     }
-    let line = hide_credentials(&line.replace('\n', " "), store);
+    let line = distlock::redact_url_in(&line.replace('\n', " "), store);
     format!("{line} (store {})", distlock::redact_url(store))
-}
-
-/// Hides the store's credentials where a store client's message repeats them: the URL
-/// itself, and the password where it stands as one (`:pw@`, `=pw`). A password's bare
-/// text is replaced only when it is long enough not to be an ordinary word: with the
-/// password `p`, "pool timed out" must stay readable.
-fn hide_credentials(line: &str, store: &str) -> String {
-    let mut line = line.replace(store, &distlock::redact_url(store));
-    let password = lock_core::StoreUrl::parse(store)
-        .ok()
-        .and_then(|url| url.password().map(str::to_owned))
-        .filter(|password| !password.is_empty());
-    if let Some(password) = password {
-        line = line
-            .replace(&format!(":{password}@"), ":***@")
-            .replace(&format!("={password}"), "=***");
-        const UNMISTAKABLE: usize = 8;
-        if password.chars().count() >= UNMISTAKABLE {
-            line = line.replace(&password, "***");
-        }
-    }
-    line
-}
-
-#[cfg(test)]
-mod tests {
-    use super::hide_credentials;
-
-    #[test]
-    fn a_short_password_hides_only_where_it_stands_as_one() {
-        let store = "postgres://app:p@127.0.0.1:5432/db";
-        let line = "pool timed out while waiting for an open connection";
-        assert_eq!(hide_credentials(line, store), line);
-        let repeated = format!("cannot reach {store}; tried app:p@127.0.0.1 with password=p");
-        let hidden = hide_credentials(&repeated, store);
-        assert!(
-            !hidden.contains(":p@") && !hidden.contains("=p"),
-            "{hidden}"
-        );
-        assert!(
-            hidden.contains("postgres://app:***@127.0.0.1:5432/db"),
-            "{hidden}"
-        );
-    }
-
-    #[test]
-    fn a_long_password_is_hidden_wherever_it_shows() {
-        let store = "redis://:correct-horse-battery@127.0.0.1:6379";
-        let hidden = hide_credentials("AUTH correct-horse-battery refused", store);
-        assert_eq!(hidden, "AUTH *** refused");
-    }
 }

@@ -206,7 +206,7 @@ async fn supervise(
                     }
                 }
             },
-            () = &mut lost, if !watch.lost_seen => watch.on_lost(),
+            _ = &mut lost, if !watch.lost_seen => watch.on_lost(),
             () = sleep_until(watch.kill_at), if watch.kill_at.is_some() => {
                 watch.kill_at = None;
                 let _ = watch.group.signal(libc::SIGKILL);

@@ -1,6 +1,10 @@
-//! `distlock status`: who holds keys, never with the holder's lease id.
+//! `distlock status`: who holds keys, never with the holder's lease id; with `--watch`,
+//! again and again, with what changed between looks.
 
-use distlock::LockStatus;
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use distlock::{FencingToken, LockClient, LockStatus};
 use serde_json::json;
 
 use crate::cli::StatusArgs;
@@ -11,6 +15,9 @@ use crate::store;
 /// Looks the keys up and prints them; 0 when every key is held, 1 when one is free.
 pub async fn status(args: StatusArgs, store_url: &str) -> Result<u8, Failure> {
     let client = store::connect(store_url).await?;
+    if args.watch {
+        return watch(&client, &args, store_url).await;
+    }
     let mut found = Vec::with_capacity(args.keys.len());
     for key in &args.keys {
         let status = client
@@ -66,4 +73,125 @@ pub fn as_json(key: &str, status: Option<&LockStatus>) -> serde_json::Value {
             "holder": status.holder,
         }),
     }
+}
+
+/// What a watch has seen of one key so far.
+#[derive(Debug, Default)]
+struct Seen {
+    /// The holder's token at the last look, when the key was held.
+    token: Option<FencingToken>,
+    /// When the current holder was first seen holding the key.
+    since: Option<Instant>,
+    /// When the lease was to expire, as of the last look.
+    expires: Option<Instant>,
+    /// Expiries moved later while the token stayed: renewals.
+    renewals: u64,
+    /// Changes of holder: the key went from one token to another, or was taken while
+    /// free (not counting the holder of the first look).
+    handovers: u64,
+    /// A look was taken before this one.
+    looked: bool,
+}
+
+impl Seen {
+    /// Takes in one look sent at `now`; `jitter` is how far the store's view of an expiry
+    /// may move between looks without a renewal (its TTL granularity and the look's
+    /// latency; at least 0.1 s, so renewals of leases under 0.3 s go unseen).
+    fn look(&mut self, status: Option<&LockStatus>, now: Instant, jitter: Duration) {
+        let first = !std::mem::replace(&mut self.looked, true);
+        let Some(status) = status else {
+            (self.token, self.since, self.expires) = (None, None, None);
+            return;
+        };
+        let expires = now + status.remaining_ttl;
+        if self.token == Some(status.token) {
+            if self.expires.is_some_and(|before| expires > before + jitter) {
+                self.renewals += 1;
+            }
+        } else {
+            self.handovers += u64::from(!first);
+            self.since = Some(now);
+        }
+        self.token = Some(status.token);
+        self.expires = Some(expires);
+    }
+}
+
+/// `status --watch`: one line (or JSON object) per key and look, until interrupted or
+/// `--count` looks. A store that does not answer a look is reported and looked at again.
+async fn watch(client: &LockClient, args: &StatusArgs, store_url: &str) -> Result<u8, Failure> {
+    let jitter = client
+        .capabilities()
+        .ttl_granularity
+        .max(Duration::from_millis(100));
+    let mut seen: Vec<Seen> = args.keys.iter().map(|_| Seen::default()).collect();
+    let mut ticks = tokio::time::interval(args.interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut looks = 0u64;
+    loop {
+        ticks.tick().await;
+        for (key, seen) in args.keys.iter().zip(&mut seen) {
+            // The send time: an expiry counted from it never runs ahead of the store's.
+            let now = Instant::now();
+            let line = match client.inspect(key).await {
+                Ok(status) => {
+                    seen.look(status.as_ref(), now, jitter);
+                    if args.json {
+                        watched_json(key, status.as_ref(), seen, now).to_string()
+                    } else {
+                        watched_line(key, status.as_ref(), seen, now)
+                    }
+                }
+                Err(err) => {
+                    let failure = Failure::from_store_error(&err, store_url);
+                    if args.json {
+                        json!({ "key": key, "error": failure.to_string() }).to_string()
+                    } else {
+                        format!("{key}: no answer: {failure}")
+                    }
+                }
+            };
+            println!("{line}");
+        }
+        // Piped to a program that reads as it goes: each look is there at once.
+        let _ = std::io::stdout().flush();
+        looks += 1;
+        if args.count.is_some_and(|count| looks >= count) {
+            return Ok(0);
+        }
+    }
+}
+
+/// [`as_line`] plus what the watch saw: `, held 3.2s, 4 renewals, 1 handover seen`.
+fn watched_line(key: &str, status: Option<&LockStatus>, seen: &Seen, now: Instant) -> String {
+    let mut line = as_line(key, status);
+    if let Some(since) = seen.since.filter(|_| status.is_some()) {
+        line.push_str(&format!(", held {}", format_duration(now - since)));
+    }
+    line.push_str(&format!(
+        ", {} renewal{}, {} handover{} seen",
+        seen.renewals,
+        if seen.renewals == 1 { "" } else { "s" },
+        seen.handovers,
+        if seen.handovers == 1 { "" } else { "s" },
+    ));
+    line
+}
+
+/// [`as_json`] plus `held_for_ms` (null when free), `renewals_seen` and `handovers_seen`.
+fn watched_json(
+    key: &str,
+    status: Option<&LockStatus>,
+    seen: &Seen,
+    now: Instant,
+) -> serde_json::Value {
+    let mut object = as_json(key, status);
+    let held_for = seen
+        .since
+        .filter(|_| status.is_some())
+        .map(|since| u64::try_from((now - since).as_millis()).unwrap_or(u64::MAX));
+    object["held_for_ms"] = json!(held_for);
+    object["renewals_seen"] = json!(seen.renewals);
+    object["handovers_seen"] = json!(seen.handovers);
+    object
 }

@@ -82,3 +82,100 @@ fn a_held_key_shows_token_ttl_and_holder_but_never_the_lease_id() {
     assert_eq!(holder.exit_code(), 0);
     store.output(&["status", "reports"]).expect_code(1);
 }
+
+/// The next line of `watcher` that `wanted` accepts (lines come every look).
+fn line_where(watcher: &Running, what: &str, wanted: impl Fn(&str) -> bool) -> String {
+    let deadline = std::time::Instant::now() + support::PATIENCE;
+    loop {
+        let line = watcher.line();
+        if wanted(&line) {
+            return line;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: not seen; last look: {line}"
+        );
+    }
+}
+
+/// `status --watch` looks again every interval: a key taken, renewed and given back shows
+/// each change in the looks, with the holder's time and the renewals seen.
+#[test]
+fn watch_follows_a_key_through_its_holders_and_renewals() {
+    let store = Store::sqlite();
+    let watcher = Running::spawn(store.distlock(&[
+        "status",
+        "--watch",
+        "--interval",
+        "50ms",
+        "jobs/watched",
+    ]));
+    assert_eq!(
+        watcher.line(),
+        "jobs/watched: free, 0 renewals, 0 handovers seen"
+    );
+    let holder = Running::spawn(store.distlock(&[
+        "run",
+        "-t",
+        "900ms",
+        "jobs/watched",
+        "-c",
+        "echo \"$DISTLOCK_TOKEN\"; read _ || true",
+    ]));
+    let token = holder.line();
+    let taken = line_where(&watcher, "the key taken", |line| line.contains("held"));
+    assert!(
+        taken.starts_with(&format!("jobs/watched: held, token {token}, expires in ")),
+        "{taken}"
+    );
+    assert!(taken.ends_with("0 renewals, 1 handover seen"), "{taken}");
+    // Renewed every 300 ms: the expiry moves later while the token stays.
+    let renewed = line_where(&watcher, "a renewal", |line| {
+        line.contains("held") && !line.contains(" 0 renewals")
+    });
+    assert!(renewed.contains(", held "), "{renewed}");
+    assert!(renewed.ends_with("1 handover seen"), "{renewed}");
+    drop(holder.stdin_handle());
+    assert_eq!(holder.exit_code(), 0);
+    let freed = line_where(&watcher, "the key given back", |line| line.contains("free"));
+    assert!(freed.starts_with("jobs/watched: free, "), "{freed}");
+    assert!(!freed.contains(" 0 renewals"), "{freed}");
+}
+
+/// `--count` ends a watch after that many looks; `--json` gives one object per key and
+/// look, one per line.
+#[test]
+fn watch_as_json_stops_after_its_count() {
+    let store = Store::sqlite();
+    let watched = store.output(&[
+        "status",
+        "--watch",
+        "--json",
+        "--count",
+        "2",
+        "--interval",
+        "10ms",
+        "a",
+        "b",
+    ]);
+    watched.expect_code(0);
+    let looks: Vec<serde_json::Value> = watched
+        .stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
+        .collect();
+    assert_eq!(looks.len(), 4, "{}", watched.stdout);
+    for (look, key) in looks.iter().zip(["a", "b", "a", "b"]) {
+        assert_eq!(
+            look,
+            &serde_json::json!({
+                "key": key, "held": false, "held_for_ms": null,
+                "renewals_seen": 0, "handovers_seen": 0,
+            })
+        );
+    }
+    // Without --watch, --count means nothing.
+    store
+        .output(&["status", "--count", "2", "a"])
+        .expect_code(2);
+}

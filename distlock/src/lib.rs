@@ -33,6 +33,9 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod blocking;
+mod readme;
+
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 #[cfg_attr(
     docsrs,
@@ -56,11 +59,15 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 pub use lock_core::backend;
+use lock_core::backend::Store;
+pub use lock_core::backend::{redact_url, redact_url_in};
+/// Metric names and the tracing layer, the same for every store.
+pub use lock_core::observe;
 pub use lock_core::{
-    default_drift_allowance, redact_url, AcquireOptions, Backoff, Capabilities, Error, ErrorKind,
-    Execution, FencedResource, FencingToken, IdempotentRequest, Lease, LeaseId, Liveness,
-    LockClient, LockGuard, LockKey, LockOwner, LockRequest, LockScope, LockStatus, MemoryBackend,
-    MemoryLink, OnceRequest, OnceTicket, Renewal, Result, StaleToken, Wait, DEFAULT_RETENTION,
+    AcquireOptions, Backoff, Capabilities, Error, ErrorKind, Execution, FencedResource,
+    FencingToken, IdempotentRequest, Lease, LeaseHealth, LeaseId, Liveness, LockClient, LockGuard,
+    LockKey, LockOwner, LockRequest, LockScope, LockStatus, LossReason, MemoryBackend, OnceRequest,
+    OnceTicket, Renewal, Result, StaleToken, Wait,
 };
 
 /// A client for the store named by `url`.
@@ -71,7 +78,7 @@ pub use lock_core::{
 /// [`ErrorKind::InvalidInput`] naming the scheme; credentials in the URL never appear in
 /// errors or logs.
 pub async fn connect(url: &str) -> Result<LockClient> {
-    let Some((scheme, rest)) = url.split_once("://") else {
+    let Some((scheme, _)) = url.split_once("://") else {
         return Err(Error::new(
             ErrorKind::InvalidInput,
             format!(
@@ -80,34 +87,35 @@ pub async fn connect(url: &str) -> Result<LockClient> {
             ),
         ));
     };
-    let scheme = scheme.to_ascii_lowercase();
-    if scheme == "memory" {
-        return Ok(LockClient::new(named_memory_store(rest)));
+    match STORES.iter().find(|store| store.serves(scheme)) {
+        Some(store) => Ok(LockClient::new(store.connect(url).await?)),
+        None => Err(no_backend(&scheme.to_ascii_lowercase(), url)),
     }
-    if !supported_schemes().contains(&scheme.as_str()) {
-        return Err(no_backend(&scheme, url));
-    }
-    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-    if lock_sql::SCHEMES.contains(&scheme.as_str()) {
-        return Ok(LockClient::from_dyn(lock_sql::connect(url).await?));
-    }
-    #[cfg(feature = "redis")]
-    if lock_redis::SCHEMES.contains(&scheme.as_str()) {
-        return Ok(LockClient::from_dyn(lock_redis::connect(url).await?));
-    }
-    #[cfg(feature = "etcd")]
-    if lock_etcd::SCHEMES.contains(&scheme.as_str()) {
-        return Ok(LockClient::from_dyn(lock_etcd::connect(url).await?));
-    }
-    #[cfg(feature = "zookeeper")]
-    if lock_zk::SCHEMES.contains(&scheme.as_str()) {
-        return Ok(LockClient::from_dyn(lock_zk::connect(url).await?));
-    }
-    Err(no_backend(&scheme, url))
 }
 
-/// Every scheme distlock knows, the cargo feature of this crate that brings its backend,
-/// and whether this build has it.
+/// The stores this build connects to: adding a store is one line here (and one in
+/// [`SCHEMES`]).
+const STORES: &[Store] = &[
+    MEMORY,
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+    lock_sql::STORE,
+    #[cfg(feature = "redis")]
+    lock_redis::STORE,
+    #[cfg(feature = "etcd")]
+    lock_etcd::STORE,
+    #[cfg(feature = "zookeeper")]
+    lock_zk::STORE,
+];
+
+/// `memory://NAME`, in-process stores shared by name.
+const MEMORY: Store = Store::new("memory", &["memory"], |url| {
+    let name = url.split_once("://").map_or("", |(_, name)| name);
+    let store = named_memory_store(name);
+    Box::pin(async move { Ok(std::sync::Arc::new(store) as backend::DynBackend) })
+});
+
+/// Every scheme distlock knows, the cargo feature of this crate that brings its backend
+/// (what a build without it is told to turn on), and whether this build has it.
 const SCHEMES: &[(&str, &str, bool)] = &[
     ("memory", "(always)", true),
     ("sqlite", "sqlite", cfg!(feature = "sqlite")),
@@ -125,10 +133,10 @@ const SCHEMES: &[(&str, &str, bool)] = &[
 
 /// The URL schemes this build of distlock can connect to.
 pub fn supported_schemes() -> Vec<&'static str> {
-    SCHEMES
+    STORES
         .iter()
-        .filter(|(_, _, built)| *built)
-        .map(|(scheme, _, _)| *scheme)
+        .flat_map(|store| store.schemes())
+        .copied()
         .collect()
 }
 
@@ -167,26 +175,23 @@ fn named_memory_store(name: &str) -> MemoryBackend {
 mod tests {
     use super::*;
 
-    /// The facade's table knows every scheme of every backend compiled in.
+    /// The facade's table knows every scheme of every store compiled in, and says of each
+    /// whether this build serves it (the stores list what their features built).
     #[test]
-    fn every_backend_scheme_is_in_the_table() {
-        let built: &[&[&str]] = &[
-            #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-            lock_sql::SCHEMES,
-            #[cfg(feature = "redis")]
-            lock_redis::SCHEMES,
-            #[cfg(feature = "etcd")]
-            lock_etcd::SCHEMES,
-            #[cfg(feature = "zookeeper")]
-            lock_zk::SCHEMES,
-            &[],
-        ];
-        let schemes = built.concat();
-        for scheme in schemes {
+    fn every_store_scheme_is_in_the_table() {
+        for scheme in supported_schemes() {
             assert!(
-                SCHEMES.iter().any(|(known, _, _)| *known == scheme),
+                SCHEMES
+                    .iter()
+                    .any(|(known, _, built)| *known == scheme && *built),
                 "{scheme} is missing from the facade's table"
             );
+        }
+        // `connect` takes the first store serving a scheme: a second would never be used.
+        let schemes = supported_schemes();
+        for scheme in &schemes {
+            let serving = schemes.iter().filter(|other| *other == scheme).count();
+            assert_eq!(serving, 1, "{scheme} is served by {serving} stores");
         }
     }
 

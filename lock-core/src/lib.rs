@@ -27,45 +27,38 @@
 //!
 //! The contract, and the conformance scenario that proves each guarantee on every
 //! backend, are in the repository's `docs/contract.md`.
+//!
+//! # Source layout
+//!
+//! The folders are the layers, each using only the ones below it:
+//!
+//! | folder | what it is |
+//! |---|---|
+//! | `client/` | what users call: [`LockClient`], [`LockRequest`], [`LockGuard`], [`LockOwner`], [`LockStatus`] |
+//! | `patterns/` | built on the client: once, idempotent, scoped locks, fenced resources |
+//! | `engine/` | store-agnostic mechanics: local lines, waiting, fair queues, renewal, clean-ups |
+//! | `backend/` | the implementor's side ([`backend::LockBackend`]) and the toolkit every store reuses: session pool, retries, time-outs, URL grammar, store registry |
+//! | `values/` | plain values every layer shares: keys, leases, tokens, options, errors |
+//!
+//! `memory/` is the reference backend, and `observe/` the metrics every layer reports.
 
 pub mod backend;
-mod capabilities;
 mod client;
 mod engine;
-mod error;
-mod fencing;
-mod guard;
-mod idempotent;
-mod key;
-mod lease;
-mod memory;
-mod once;
-mod options;
-mod owner;
-mod request;
-mod scoped;
-mod session;
-mod status;
-mod store_url;
-mod sync;
+pub mod memory;
+pub mod observe;
+mod patterns;
+mod values;
 
-pub use capabilities::{Capabilities, Liveness};
-pub use client::LockClient;
-pub use error::{Error, ErrorKind, Result};
-pub use fencing::{FencedResource, StaleToken};
-pub use guard::LockGuard;
-pub use idempotent::{Execution, IdempotentRequest, DEFAULT_RETENTION};
-pub use key::LockKey;
-pub use lease::{FencingToken, Lease, LeaseId};
-pub use memory::{MemoryBackend, MemoryLink};
-pub use once::{OnceRequest, OnceTicket};
-pub use options::{default_drift_allowance, AcquireOptions, Backoff, Renewal, Wait};
-pub use owner::LockOwner;
-pub use request::LockRequest;
-pub use scoped::LockScope;
-pub use status::LockStatus;
-pub use store_url::{redact_url, StoreHost, StoreUrl};
-
-/// Re-exported so backend crates implement [`backend::LockBackend`] with the same macro
-/// version.
-pub use async_trait::async_trait;
+pub use backend::{Capabilities, Liveness};
+pub use client::LockOwner;
+pub use client::{LockClient, LockGuard, LockRequest, LockStatus};
+pub use engine::held::{LeaseHealth, LossReason};
+pub use memory::MemoryBackend;
+pub use patterns::{
+    Execution, FencedResource, IdempotentRequest, LockScope, OnceRequest, OnceTicket, StaleToken,
+};
+pub use values::{
+    AcquireOptions, Backoff, Error, ErrorKind, FencingToken, Lease, LeaseId, LeaseSharing, LockKey,
+    Renewal, Result, Wait,
+};

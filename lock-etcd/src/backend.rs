@@ -12,14 +12,16 @@ use etcd_client::{
     TxnResponse,
 };
 use futures_util::StreamExt;
+use lock_core::backend::async_trait;
 use lock_core::backend::{
-    AcquireRequest, Capabilities, Grant, HolderInfo, KeyWatch, LockBackend, Record, Turn,
+    with_timeout, AcquireRequest, Capabilities, Grant, HolderInfo, KeyWatch, LockBackend,
+    Ownership, Record, Turn,
 };
-use lock_core::{async_trait, Error, ErrorKind, FencingToken, LeaseId, LockKey, Result};
+use lock_core::{Error, ErrorKind, FencingToken, LeaseId, LockKey, Result};
 use tokio::time::timeout;
 
 use crate::config::{EtcdConfig, Layout};
-use crate::error::{is_lease_not_found, map, timed_out};
+use crate::error::{into_error, is_lease_not_found};
 use crate::keys::{parse_value, range_end, value, KeySpace};
 use crate::retired::{Attempts, Sending};
 use crate::session::{EtcdSession, Sessions};
@@ -99,10 +101,12 @@ impl EtcdBackend {
         }
         let keys = KeySpace::new(&config.prefix, config.layout);
         let probe = GetOptions::new().with_limit(1).with_keys_only();
-        timeout(bound, client.kv_client().get(keys.root(), Some(probe)))
-            .await
-            .map_err(|_| timed_out("reading the lock namespace"))?
-            .map_err(|err| map("reading the lock namespace", err))?;
+        let what = "reading the lock namespace";
+        with_timeout(bound, what, async {
+            let read = client.kv_client().get(keys.root(), Some(probe)).await;
+            read.map_err(|err| into_error(err, what))
+        })
+        .await?;
         Ok(EtcdBackend {
             inner: Arc::new(Inner {
                 sessions: Sessions::new(client.clone(), bound),
@@ -145,10 +149,10 @@ impl EtcdBackend {
         what: &str,
         request: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
     ) -> Result<T> {
-        timeout(self.inner.request_timeout, request)
-            .await
-            .map_err(|_| timed_out(what))?
-            .map_err(|err| map(what, err))
+        with_timeout(self.inner.request_timeout, what, async {
+            request.await.map_err(|err| into_error(err, what))
+        })
+        .await
     }
 
     /// A transaction that writes with `session`'s lease: a lease the store no longer has
@@ -161,9 +165,10 @@ impl EtcdBackend {
         txn: Txn,
         sending: Option<Sending<'_>>,
     ) -> Result<TxnResponse> {
-        let sent = timeout(self.inner.request_timeout, self.kv().txn(txn))
-            .await
-            .map_err(|_| timed_out(what))?;
+        let sent = with_timeout(self.inner.request_timeout, what, async {
+            Ok(self.kv().txn(txn).await)
+        })
+        .await?;
         // Applied, refused, or refused for a lease that is gone (nothing of it can land):
         // any other error leaves it unknown whether the write is still on its way.
         if sent.as_ref().is_ok() || sent.as_ref().is_err_and(is_lease_not_found) {
@@ -179,18 +184,16 @@ impl EtcdBackend {
                     "etcd: the session's lease ended before the request; retrying under a new one",
                 ))
             }
-            other => other.map_err(|err| map(what, err)),
+            other => other.map_err(|err| into_error(err, what)),
         }
     }
 
     /// The session and entry `request` acquires with.
     async fn attempt(&self, request: &AcquireRequest) -> Result<Attempt> {
         self.inner.keys.check(request.key())?;
-        let ttl = self.inner.capabilities.store_ttl(request.ttl());
+        let ttl = request.store_ttl();
         let own = self.inner.keys.layout() == Layout::EtcdMutex;
-        let kind = Sessions::kind(request, own, ttl.as_secs());
-        let ticking = request.renewal() == lock_core::Renewal::Auto;
-        let session = self.inner.sessions.session(kind, ttl, ticking).await?;
+        let session = self.inner.sessions.session(request, own, ttl).await?;
         let dir = self.inner.keys.dir(request.key());
         let entry = self
             .inner
@@ -269,10 +272,10 @@ impl EtcdBackend {
     }
 
     /// Deletes `lease_id`'s entry on `key` if it is there, only that entry: its name (or,
-    /// in the etcd-mutex layout, its value) identifies the acquisition. `true` if it was.
+    /// in the etcd-mutex layout, its value) identifies the acquisition. [`Ownership::Held`] if it was.
     /// In the same transaction, leaves the tombstones that keep a write of the acquisition
     /// still on its way from landing later (see `retired.rs`).
-    async fn delete_entry(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
+    async fn delete_entry(&self, key: &LockKey, lease_id: LeaseId) -> Result<Ownership> {
         let retire = self
             .inner
             .attempts
@@ -313,11 +316,12 @@ impl EtcdBackend {
         };
         let Some(first) = txn(&tombstones) else {
             self.inner.attempts.retired(lease_id);
-            return Ok(false);
+            return Ok(Ownership::NotHeld);
         };
-        let sent = timeout(self.inner.request_timeout, self.kv().txn(first))
-            .await
-            .map_err(|_| timed_out("releasing"))?;
+        let sent = with_timeout(self.inner.request_timeout, "releasing", async {
+            Ok(self.kv().txn(first).await)
+        })
+        .await?;
         let done = match sent {
             Ok(done) => Some(done),
             // The lease of a session a tombstone was for is gone, and with it every entry
@@ -335,10 +339,12 @@ impl EtcdBackend {
                     None => None,
                 }
             }
-            Err(err) => return Err(map("releasing", err)),
+            Err(err) => return Err(into_error(err, "releasing")),
         };
         self.inner.attempts.retired(lease_id);
-        Ok(found && done.is_some_and(|done| done.succeeded()))
+        Ok(Ownership::held_if(
+            found && done.is_some_and(|done| done.succeeded()),
+        ))
     }
 
     /// The put of `lease_id`'s tombstone on `session` (see `retired.rs`).
@@ -414,16 +420,15 @@ impl EtcdBackend {
         let id = record_lease_id(record_key, granted);
         let mut leases = self.inner.client.lease_client();
         let chosen = LeaseGrantOptions::new().with_id(id);
-        match timeout(
-            self.inner.request_timeout,
-            leases.grant(seconds, Some(chosen)),
-        )
-        .await
-        {
-            Err(_) => return Err(timed_out("granting a record's lease")),
-            Ok(Ok(lease)) => return Ok(lease.id()),
-            Ok(Err(err)) if is_lease_taken(&err) => {}
-            Ok(Err(err)) => return Err(map("granting a record's lease", err)),
+        let what = "granting a record's lease";
+        let granted = with_timeout(self.inner.request_timeout, what, async {
+            Ok(leases.grant(seconds, Some(chosen)).await)
+        })
+        .await?;
+        match granted {
+            Ok(lease) => return Ok(lease.id()),
+            Err(err) if is_lease_taken(&err) => {}
+            Err(err) => return Err(into_error(err, what)),
         }
         let found = self
             .call(
@@ -513,11 +518,11 @@ async fn connect_failed(config: &EtcdConfig, what: &str, err: etcd_client::Error
         crate::error::kind_of(&err),
         ErrorKind::PermissionDenied | ErrorKind::InvalidInput
     ) {
-        return map(what, err);
+        return into_error(err, what);
     }
     match crate::server::not_etcd(config.endpoints(), config.connect_timeout).await {
         Some(not_etcd) => not_etcd.with_source(err),
-        None => map(what, err),
+        None => into_error(err, what),
     }
 }
 
@@ -594,7 +599,6 @@ impl LockBackend for EtcdBackend {
         &self.inner.capabilities
     }
 
-    #[tracing::instrument(level = "debug", name = "etcd.acquire", skip_all, fields(key = request.key().as_str()))]
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
         let attempt = self.attempt(request).await?;
         // Free only when nobody holds or queues: a try never jumps the queue. Never after
@@ -636,10 +640,9 @@ impl LockBackend for EtcdBackend {
         }
     }
 
-    #[tracing::instrument(level = "debug", name = "etcd.renew", skip_all, fields(key = key.as_str()))]
-    async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
+    async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<Ownership> {
         let Some(entry) = self.locate(key, lease_id).await? else {
-            return Ok(false);
+            return Ok(Ownership::NotHeld);
         };
         let Some(session) = self.inner.sessions.by_lease(entry.lease()) else {
             // Held under a lease of another client instance: keep that lease alive once
@@ -651,9 +654,9 @@ impl LockBackend for EtcdBackend {
                 .keep_alive(entry.lease())
                 .await
             {
-                Ok(_) => Ok(true),
-                Err(err) if is_lease_not_found(&err) => Ok(false),
-                Err(err) => Err(map("keeping a lease alive", err)),
+                Ok(_) => Ok(Ownership::Held),
+                Err(err) if is_lease_not_found(&err) => Ok(Ownership::NotHeld),
+                Err(err) => Err(into_error(err, "keeping a lease alive")),
             };
         };
         let session_ttl = session.keeper.status().ttl;
@@ -666,14 +669,13 @@ impl LockBackend for EtcdBackend {
                 ),
             ));
         }
-        session.ping().await
+        session.ping().await.map(Ownership::held_if)
     }
 
-    #[tracing::instrument(level = "debug", name = "etcd.release", skip_all, fields(key = key.as_str()))]
-    async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
+    async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<Ownership> {
         // A lock with a lease of its own goes with its lease: one write, not two.
         match self.inner.sessions.revoke_own(lease_id).await {
-            Some(revoked) => revoked,
+            Some(revoked) => revoked.map(Ownership::held_if),
             None => self.delete_entry(key, lease_id).await,
         }
     }
@@ -780,7 +782,6 @@ impl LockBackend for EtcdBackend {
         Ok(Some(Box::new(watch)))
     }
 
-    #[tracing::instrument(level = "debug", name = "etcd.enqueue", skip_all, fields(key = request.key().as_str()))]
     async fn enqueue(&self, request: &AcquireRequest) -> Result<()> {
         let attempt = self.attempt(request).await?;
         // Idempotent: a retry finds its entry and keeps its place. Never after this
@@ -815,7 +816,6 @@ impl LockBackend for EtcdBackend {
         Ok(())
     }
 
-    #[tracing::instrument(level = "debug", name = "etcd.acquire_queued", skip_all, fields(key = request.key().as_str()))]
     async fn try_acquire_queued(&self, request: &AcquireRequest) -> Result<Turn> {
         let attempt = self.attempt(request).await?;
         // Only a live entry may be granted (etcd issue 11456): the entry must exist in the
@@ -851,7 +851,6 @@ impl LockBackend for EtcdBackend {
         }
     }
 
-    #[tracing::instrument(level = "debug", name = "etcd.leave_queue", skip_all, fields(key = key.as_str()))]
     async fn leave_queue(&self, key: &LockKey, lease_id: LeaseId) -> Result<()> {
         match self.inner.sessions.revoke_own(lease_id).await {
             Some(revoked) => revoked.map(drop),
@@ -889,20 +888,19 @@ impl LockBackend for EtcdBackend {
     /// Fenced in one transaction: the record is written only if the caller's entry exists
     /// (so its etcd lease is alive) with the create revision it was granted with, and no
     /// entry of the key's directory is older (so it is still the owner).
-    #[tracing::instrument(level = "debug", name = "etcd.write_record", skip_all, fields(key = key.as_str()))]
     async fn write_record(
         &self,
         key: &LockKey,
         lease_id: LeaseId,
         record: &Record,
         retention: Duration,
-    ) -> Result<bool> {
+    ) -> Result<Ownership> {
         let Some(entry) = self.locate(key, lease_id).await? else {
-            return Ok(false);
+            return Ok(Ownership::NotHeld);
         };
         let granted = entry.create_revision();
         if u64::try_from(granted).ok() != Some(record.token.get()) {
-            return Ok(false);
+            return Ok(Ownership::NotHeld);
         }
         // The record expires with a lease of its own, on the cluster's clock.
         // Whole seconds, rounded up (at most thirty years: no overflow).
@@ -925,7 +923,7 @@ impl LockBackend for EtcdBackend {
         if !written.succeeded() {
             self.revoke_if_unused(lease).await;
         }
-        Ok(written.succeeded())
+        Ok(Ownership::held_if(written.succeeded()))
     }
 }
 

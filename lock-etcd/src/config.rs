@@ -3,9 +3,13 @@
 use std::fmt;
 use std::time::Duration;
 
-use lock_core::{Capabilities, Error, ErrorKind, Liveness, Result, StoreUrl};
+use lock_core::backend::StoreUrl;
+use lock_core::{Capabilities, Error, ErrorKind, Liveness, Result};
 
 const DEFAULT_PORT: u16 = 2379;
+
+/// The URL schemes [`EtcdConfig::from_url`] accepts.
+pub(crate) const SCHEMES: &[&str] = &["etcd"];
 
 /// How entries of one lock are laid out in etcd.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -61,45 +65,30 @@ impl EtcdConfig {
     /// [`ErrorKind::InvalidInput`] naming the problem (never repeating the password).
     pub fn from_url(url: &str) -> Result<Self> {
         let mut url = StoreUrl::parse(url)?;
-        if url.scheme() != "etcd" {
-            return Err(url.error(&format!(
-                "unsupported scheme {:?} (expected one of {:?})",
-                url.scheme(),
-                crate::SCHEMES
-            )));
-        }
-        let endpoints: Vec<String> = url
-            .hosts()
-            .iter()
-            .map(|host| host.with_port(DEFAULT_PORT))
-            .collect();
+        url.expect_scheme(SCHEMES)?;
         let defaults = EtcdConfig::new(Vec::new());
-        let millis = |url: &mut StoreUrl, name: &str, default: Duration| -> Result<Duration> {
-            match url.take_parsed::<u64>(name, "a positive number of milliseconds")? {
-                None => Ok(default),
-                Some(0) => Err(url.error(&format!("{name}=0 is not a positive number"))),
-                Some(ms) => Ok(Duration::from_millis(ms)),
-            }
-        };
-        let layout = match url.take_param("layout").as_deref() {
-            None | Some("distlock") => Layout::Distlock,
-            Some("etcd-mutex") => Layout::EtcdMutex,
-            Some(other) => {
-                return Err(url.error(&format!(
-                    "layout={other:?} is not \"distlock\" or \"etcd-mutex\""
-                )))
-            }
-        };
+        let layouts = [
+            ("distlock", Layout::Distlock),
+            ("etcd-mutex", Layout::EtcdMutex),
+        ];
         let config = EtcdConfig {
-            connect_timeout: millis(&mut url, "connect_timeout_ms", defaults.connect_timeout)?,
-            request_timeout: millis(&mut url, "request_timeout_ms", defaults.request_timeout)?,
-            min_ttl: millis(&mut url, "min_ttl_ms", defaults.min_ttl)?,
-            layout,
+            connect_timeout: url
+                .take_millis("connect_timeout_ms")?
+                .unwrap_or(defaults.connect_timeout),
+            request_timeout: url
+                .take_millis("request_timeout_ms")?
+                .unwrap_or(defaults.request_timeout),
+            min_ttl: url.take_millis("min_ttl_ms")?.unwrap_or(defaults.min_ttl),
+            layout: url.take_choice("layout", &layouts)?.unwrap_or_default(),
             prefix: match url.path() {
                 "" => defaults.prefix,
                 path => path.to_string(),
             },
-            endpoints,
+            endpoints: url
+                .hosts()
+                .iter()
+                .map(|host| host.with_port(DEFAULT_PORT))
+                .collect(),
             username: Some(url.username().to_string()).filter(|u| !u.is_empty()),
             password: url.password().map(str::to_string),
         };

@@ -3,10 +3,9 @@
 use lock_core::{Error, ErrorKind};
 use tonic::Code;
 
-/// Maps an error of `etcd-client` met while doing `what`.
-pub(crate) fn map(what: &str, err: etcd_client::Error) -> Error {
-    let kind = kind_of(&err);
-    Error::new(kind, format!("etcd: {what} failed ({kind})")).with_source(err)
+/// `err`, met while doing `doing`, as a distlock error (the client's error as source).
+pub(crate) fn into_error(err: etcd_client::Error, doing: &str) -> Error {
+    Error::store("etcd", doing, kind_of(&err)).with_source(err)
 }
 
 pub(crate) fn kind_of(err: &etcd_client::Error) -> ErrorKind {
@@ -77,14 +76,6 @@ pub(crate) fn is_lease_not_found(err: &etcd_client::Error) -> bool {
     }
 }
 
-/// A request that got no answer within the request time-out.
-pub(crate) fn timed_out(what: &str) -> Error {
-    Error::new(
-        ErrorKind::Unavailable,
-        format!("etcd: {what} got no answer in time"),
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,12 +122,12 @@ mod tests {
 
     #[test]
     fn the_client_error_is_the_source() {
-        let err = map(
-            "acquire",
+        let err = into_error(
             etcd_client::Error::GRpcStatus(tonic::Status::unavailable("etcdserver: no leader")),
+            "acquire",
         );
         assert_eq!(err.kind(), ErrorKind::Unavailable);
         assert!(std::error::Error::source(&err).is_some());
-        assert!(!err.message().contains("no leader"));
+        assert_eq!(err.message(), "etcd: acquire failed");
     }
 }

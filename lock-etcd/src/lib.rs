@@ -10,7 +10,7 @@
 //!
 //! // Every member of the cluster; the path is the namespace of this application's locks.
 //! let backend = lock_etcd::connect("etcd://127.0.0.1:2379,127.0.0.1:22379/myapp").await?;
-//! let client = LockClient::from_dyn(backend);
+//! let client = LockClient::new(backend);
 //! let guard = client.lock("invoice-42").ttl(Duration::from_secs(10)).await?;
 //! println!("writing with fencing token {}", guard.token());
 //! guard.release().await?;
@@ -32,8 +32,10 @@ use std::sync::Arc;
 pub use backend::EtcdBackend;
 pub use config::{EtcdConfig, Layout};
 
-/// The URL schemes [`connect`] understands.
-pub const SCHEMES: &[&str] = &["etcd"];
+/// This crate in a table of stores (the `distlock` facade's): the `etcd://` scheme,
+/// connected with [`connect`].
+pub const STORE: lock_core::backend::Store =
+    lock_core::backend::Store::new("etcd", config::SCHEMES, |url| Box::pin(connect(url)));
 
 /// Connects to the etcd cluster a URL names (see [`EtcdConfig`] for the URL format and
 /// options).

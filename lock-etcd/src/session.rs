@@ -1,8 +1,9 @@
-//! The client's etcd leases ("sessions"): one per distinct TTL for automatically renewed
-//! locks, one per lock renewed by hand, each kept alive over one keep-alive stream that
-//! stays open.
+//! The client's etcd leases ("sessions"), pooled by the core's [`SessionPool`]: one per
+//! distinct TTL for automatically renewed locks, one per lock renewed by hand. What is
+//! etcd's here: a lease grant, and a keep-alive stream that stays open, reopened (with
+//! hedged opens) when it breaks.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
@@ -10,22 +11,15 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use lock_core::backend::{lock_unpoisoned as lock, AcquireRequest, SessionKeeper};
-use lock_core::{Error, ErrorKind, LeaseId, Renewal, Result};
+use lock_core::backend::{
+    async_trait, lock_unpoisoned as lock, with_timeout, AcquireRequest, PooledSession, Restarts,
+    SessionKeeper, SessionKind, SessionNews, SessionPool, SessionStore,
+};
+use lock_core::{Backoff, Error, ErrorKind, LeaseId, Result};
 use tokio::sync::{mpsc, oneshot};
-use tokio::time::{sleep_until, timeout, Instant as TokioInstant};
+use tokio::time::{sleep_until, Instant as TokioInstant};
 
-use crate::error::{is_lease_not_found, map, timed_out};
-
-/// Which session an acquisition lives by.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum SessionKind {
-    /// Shared by the client's automatically renewed locks of one TTL (in whole seconds).
-    Shared(u64),
-    /// A lock of its own: renewed by hand (only its renewals keep it alive, so it expires
-    /// by its own TTL), or in the etcd-mutex layout, where the entry is named by its lease.
-    Own(LeaseId),
-}
+use crate::error::{into_error, is_lease_not_found};
 
 /// A keep-alive asked for by a renewal: answered with whether the lease is still alive,
 /// only by a keep-alive sent no earlier than it was asked for (the core counts the renewed
@@ -57,17 +51,34 @@ pub(crate) struct EtcdSession {
     pub(crate) lease: i64,
     pub(crate) keeper: SessionKeeper,
     pings: mpsc::UnboundedSender<Ping>,
+    /// Taken by the session's keep-alive task.
+    pinged: Mutex<Option<mpsc::UnboundedReceiver<Ping>>>,
+}
+
+impl PooledSession for EtcdSession {
+    fn keeper(&self) -> &SessionKeeper {
+        &self.keeper
+    }
 }
 
 impl EtcdSession {
+    fn new(lease: i64, keeper: SessionKeeper) -> Self {
+        let (pings, pinged) = mpsc::unbounded_channel();
+        EtcdSession {
+            lease,
+            keeper,
+            pings,
+            pinged: Mutex::new(Some(pinged)),
+        }
+    }
+
     /// A session of etcd lease `lease` with no keep-alive task, for unit tests.
     #[cfg(test)]
     pub(crate) fn detached(lease: i64) -> Self {
-        EtcdSession {
+        EtcdSession::new(
             lease,
-            keeper: SessionKeeper::new(Instant::now(), Duration::from_secs(10)),
-            pings: mpsc::unbounded_channel().0,
-        }
+            SessionKeeper::new(Instant::now(), Duration::from_secs(10)),
+        )
     }
 
     /// The store ended the lease: every entry on it is gone.
@@ -91,173 +102,168 @@ impl EtcdSession {
     }
 }
 
-type Slot = Arc<tokio::sync::Mutex<Option<Arc<EtcdSession>>>>;
-
-/// Every session of one client.
+/// Every session of one client. Dropping it revokes their leases, so their entries go
+/// now, not a TTL later.
+#[derive(Debug)]
 pub(crate) struct Sessions {
-    client: Client,
-    request_timeout: Duration,
-    slots: Mutex<HashMap<SessionKind, Slot>>,
+    pool: SessionPool<EtcdStore>,
 }
 
 impl Sessions {
     pub(crate) fn new(client: Client, request_timeout: Duration) -> Self {
         Sessions {
-            client,
-            request_timeout,
-            slots: Mutex::default(),
+            pool: SessionPool::new(EtcdStore {
+                client,
+                request_timeout,
+            }),
         }
     }
 
-    /// The kind of session `request` lives by.
-    pub(crate) fn kind(request: &AcquireRequest, own: bool, ttl_secs: u64) -> SessionKind {
-        if own || request.renewal() == Renewal::Manual {
-            SessionKind::Own(request.lease_id())
-        } else {
-            SessionKind::Shared(ttl_secs)
-        }
-    }
-
-    /// The live session of `kind`, granting a new etcd lease when there is none (a
-    /// session the store ended is never reused). `ticking` sessions keep themselves
-    /// alive; the others only when pinged.
+    /// The live session `request` lives by (of `ttl`, whole seconds), granting a new etcd
+    /// lease when there is none. `own`: every lock has a lease of its own (the etcd-mutex
+    /// layout, where the entry is named by its lease).
     pub(crate) async fn session(
         &self,
-        kind: SessionKind,
+        request: &AcquireRequest,
+        own: bool,
         ttl: Duration,
-        ticking: bool,
     ) -> Result<Arc<EtcdSession>> {
-        let slot = Arc::clone(lock(&self.slots).entry(kind).or_default());
-        let mut current = slot.lock().await;
-        if let Some(session) = current.as_ref() {
-            if !session.keeper.status().expired {
-                return Ok(Arc::clone(session));
-            }
-        }
-        let sent_at = Instant::now();
-        let secs = i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX);
-        let granted = timeout(
-            self.request_timeout,
-            self.client.lease_client().grant(secs, None),
-        )
-        .await
-        .map_err(|_| timed_out("granting a lease"))?
-        .map_err(|err| map("granting a lease", err))?;
-        let (pings, pinged) = mpsc::unbounded_channel();
-        let session = Arc::new(EtcdSession {
-            lease: granted.id(),
-            keeper: SessionKeeper::new(sent_at, ttl),
-            pings,
-        });
-        tracing::debug!(lease = granted.id(), ?kind, ?ttl, "etcd lease granted");
-        tokio::spawn(keep_alive(
-            self.client.clone(),
-            session.lease,
-            Arc::downgrade(&session),
-            KeepAliveTiming {
-                interval: ttl / 4,
-                request_timeout: self.request_timeout,
-                // Slow answers still prove the lease alive from their send time, so a
-                // stream is only given up when it is silent for much longer than that.
-                stale_after: (ttl * 3).max(self.request_timeout),
-                ticking,
-            },
-            pinged,
-        ));
-        *current = Some(Arc::clone(&session));
-        Ok(session)
+        let kind = if own {
+            SessionKind::own(request)
+        } else {
+            SessionKind::shared(request, ttl)
+        };
+        self.pool.session(kind, ttl).await
     }
 
     /// The open session whose etcd lease is `lease`, if any.
     pub(crate) fn by_lease(&self, lease: i64) -> Option<Arc<EtcdSession>> {
-        let slots: Vec<Slot> = lock(&self.slots).values().cloned().collect();
-        slots.into_iter().find_map(|slot| {
-            let current = slot.try_lock().ok()?;
-            current.as_ref().filter(|s| s.lease == lease).cloned()
-        })
+        self.pool
+            .sessions()
+            .into_iter()
+            .find_map(|(_, session)| (session.lease == lease).then_some(session))
     }
 
     /// The live sessions shared by automatically renewed locks (one per TTL in use). A
     /// session being opened right now is not among them.
     pub(crate) fn live_shared(&self) -> Vec<Arc<EtcdSession>> {
-        let slots: Vec<Slot> = lock(&self.slots)
-            .iter()
-            .filter(|(kind, _)| matches!(kind, SessionKind::Shared(_)))
-            .map(|(_, slot)| Arc::clone(slot))
-            .collect();
-        slots
+        self.pool
+            .sessions()
             .into_iter()
-            .filter_map(|slot| {
-                let current = slot.try_lock().ok()?;
-                current
-                    .as_ref()
-                    .filter(|s| !s.keeper.status().expired)
-                    .cloned()
+            .filter(|(kind, session)| {
+                matches!(kind, SessionKind::Shared(_)) && !session.keeper.status().expired
             })
+            .map(|(_, session)| session)
             .collect()
     }
 
     /// Ends a lock's own session in the background: its etcd lease is revoked (an entry
     /// left on it goes with it).
     pub(crate) fn end_own(&self, lease_id: LeaseId) {
-        let Some(slot) = lock(&self.slots).remove(&SessionKind::Own(lease_id)) else {
-            return;
-        };
-        let (client, bound) = (self.client.clone(), self.request_timeout);
-        tokio::spawn(async move {
-            if let Some(session) = slot.lock().await.take() {
-                let _ = revoke(client, session.lease, bound).await;
-            }
-        });
+        self.pool.close_own(lease_id);
     }
 
     /// Ends a lock's own session now, if this client has one for `lease_id`: revoking its
     /// etcd lease deletes the lock's entry in the same step. `Some(true)` if the lease
     /// (and so the entry) was still there, `None` when there is no such session.
     pub(crate) async fn revoke_own(&self, lease_id: LeaseId) -> Option<Result<bool>> {
-        let slot = lock(&self.slots).remove(&SessionKind::Own(lease_id))?;
-        let session = slot.lock().await.take()?;
+        let session = self.pool.take_own(lease_id).await?;
         session.ended();
-        Some(revoke(self.client.clone(), session.lease, self.request_timeout).await)
+        let store = self.pool.store();
+        Some(revoke(&store.client, session.lease, store.request_timeout).await)
     }
 }
 
-impl std::fmt::Debug for Sessions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Sessions")
-            .field("open", &lock(&self.slots).len())
-            .finish_non_exhaustive()
-    }
+/// etcd's side of the pool.
+struct EtcdStore {
+    client: Client,
+    request_timeout: Duration,
 }
 
-impl Drop for Sessions {
-    /// The client is gone: revoke its leases so its entries go now, not a TTL later.
-    fn drop(&mut self) {
-        let slots: Vec<Slot> = lock(&self.slots).drain().map(|(_, slot)| slot).collect();
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+#[async_trait]
+impl SessionStore for EtcdStore {
+    type Session = EtcdSession;
+
+    /// Grants an etcd lease of `ttl` (whole seconds).
+    async fn open(&self, kind: SessionKind, ttl: Duration) -> Result<EtcdSession> {
+        let sent_at = Instant::now();
+        let secs = i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX);
+        let granting = async {
+            self.client
+                .lease_client()
+                .grant(secs, None)
+                .await
+                .map_err(|err| into_error(err, "granting a lease"))
+        };
+        let granted = with_timeout(self.request_timeout, "granting a lease", granting).await?;
+        tracing::debug!(lease = granted.id(), ?kind, ?ttl, "etcd lease granted");
+        Ok(EtcdSession::new(
+            granted.id(),
+            SessionKeeper::new(sent_at, ttl),
+        ))
+    }
+
+    /// One keep-alive on a stream of its own (opening a stream sends one and waits for
+    /// its answer). The pool's sessions are served by [`serve`](Self::serve) instead,
+    /// over one stream that stays open.
+    async fn keep_alive(&self, session: &EtcdSession) -> SessionNews {
+        let opening = async { Ok(self.client.lease_client().keep_alive(session.lease).await) };
+        match with_timeout(self.request_timeout, "a keep-alive", opening).await {
+            Ok(Ok(_)) => SessionNews::Alive,
+            Ok(Err(err)) if is_lease_not_found(&err) => SessionNews::Ended,
+            _ => SessionNews::Unanswered,
+        }
+    }
+
+    async fn serve(self: Arc<Self>, kind: SessionKind, session: Weak<EtcdSession>) {
+        let Some((pinged, ttl)) = session.upgrade().and_then(|current| {
+            let pinged = lock(&current.pinged).take()?;
+            Some((pinged, current.keeper.status().ttl))
+        }) else {
             return;
         };
-        let (client, bound) = (self.client.clone(), self.request_timeout);
-        runtime.spawn(async move {
-            for slot in slots {
-                if let Some(session) = slot.lock().await.take() {
-                    let _ = revoke(client.clone(), session.lease, bound).await;
-                }
-            }
-        });
+        let interval = ttl / 4;
+        KeepAlive {
+            client: self.client.clone(),
+            session,
+            timing: KeepAliveTiming {
+                interval,
+                request_timeout: self.request_timeout,
+                // Slow answers still prove the lease alive from their send time, so a
+                // stream is only given up when it is silent for much longer than that.
+                stale_after: (ttl * 3).max(self.request_timeout),
+                ticking: kind.kept_alive(),
+            },
+            pinged,
+            stream: None,
+            opens: FuturesUnordered::new(),
+            waiting: Vec::new(),
+            next_tick: TokioInstant::now() + interval,
+            restarts: Restarts::new(Backoff {
+                initial: Duration::from_millis(50),
+                max: interval.max(Duration::from_millis(50)),
+            }),
+        }
+        .run()
+        .await;
+    }
+
+    /// Revokes the session's etcd lease.
+    async fn close(&self, session: Arc<EtcdSession>) {
+        let _ = revoke(&self.client, session.lease, self.request_timeout).await;
     }
 }
 
 /// Revokes an etcd lease: `false` when the store no longer had it.
-async fn revoke(client: Client, lease: i64, bound: Duration) -> Result<bool> {
-    match timeout(bound, client.lease_client().revoke(lease)).await {
-        Ok(Ok(_)) => Ok(true),
-        Ok(Err(err)) if is_lease_not_found(&err) => Ok(false),
-        Ok(Err(err)) => {
+async fn revoke(client: &Client, lease: i64, bound: Duration) -> Result<bool> {
+    let revoking = async { Ok(client.lease_client().revoke(lease).await) };
+    match with_timeout(bound, "revoking a lease", revoking).await? {
+        Ok(_) => Ok(true),
+        Err(err) if is_lease_not_found(&err) => Ok(false),
+        Err(err) => {
             tracing::debug!(lease, error = %err, "revoking an etcd lease failed; it expires by its TTL");
-            Err(map("revoking a lease", err))
+            Err(into_error(err, "revoking a lease"))
         }
-        Err(_) => Err(timed_out("revoking a lease")),
     }
 }
 
@@ -283,122 +289,142 @@ struct Stream {
 /// answered keep-alive with its *send* time, a stream that went quiet or broke as
 /// disconnected, and a lease the store no longer has (TTL <= 0) as expired, which ends
 /// the task. Also ends when the session is dropped.
-async fn keep_alive(
+struct KeepAlive {
     client: Client,
-    lease: i64,
     session: Weak<EtcdSession>,
     timing: KeepAliveTiming,
-    mut pinged: mpsc::UnboundedReceiver<Ping>,
-) {
-    let mut stream: Option<Stream> = None;
-    // Opens still under way after another one won: their answers count too.
-    let mut opens: FuturesUnordered<OpenAttempt> = FuturesUnordered::new();
-    let mut waiting: Vec<Ping> = Vec::new();
-    let mut next_tick = TokioInstant::now() + timing.interval;
-    let mut pause = Duration::from_millis(50);
-    loop {
-        if session.strong_count() == 0 {
-            return;
-        }
-        if stream.is_none() && (timing.ticking || !waiting.is_empty()) {
-            let opened = open_stream(
-                &client,
-                lease,
-                timing,
-                &mut opens,
-                &mut pinged,
-                &mut waiting,
-            )
-            .await;
-            let Some(current) = session.upgrade() else {
+    pinged: mpsc::UnboundedReceiver<Ping>,
+    stream: Option<Stream>,
+    /// Opens still under way after another one won: their answers count too.
+    opens: FuturesUnordered<OpenAttempt>,
+    /// Pings waiting for a stream.
+    waiting: Vec<Ping>,
+    next_tick: TokioInstant,
+    /// Pauses between failed opens.
+    restarts: Restarts,
+}
+
+impl KeepAlive {
+    async fn run(mut self) {
+        loop {
+            if self.session.strong_count() == 0 {
                 return;
+            }
+            let step = if self.stream.is_none() && (self.timing.ticking || !self.waiting.is_empty())
+            {
+                self.open().await
+            } else {
+                self.serve().await
             };
-            match opened {
-                Opened::Stream(open, sent_at) => {
-                    current.keeper.kept_alive(sent_at);
-                    drop(current);
-                    // The open may have been sent before some pings were asked for (an
-                    // earlier or hedged attempt): those get a keep-alive of their own.
-                    let (proven, later) = answered_by(std::mem::take(&mut waiting), sent_at);
-                    proven.into_iter().for_each(|ping| ping.reply(Ok(true)));
-                    let open = stream.insert(*open);
-                    let mut later = later.into_iter();
-                    for ping in later.by_ref() {
-                        if !send(open, Some(ping)).await {
-                            broken(&session, &mut stream, "the keep-alive stream closed");
-                            break;
-                        }
+            if step.is_none() {
+                return;
+            }
+        }
+    }
+
+    /// The open step: opens a stream, answers the pings it proves, and after a failed
+    /// open pauses (collecting pings) before the next.
+    async fn open(&mut self) -> Option<()> {
+        let lease = self.lease()?;
+        let opened = open_stream(
+            &self.client,
+            lease,
+            self.timing,
+            &mut self.opens,
+            &mut self.pinged,
+            &mut self.waiting,
+        )
+        .await;
+        let current = self.session.upgrade()?;
+        match opened {
+            Opened::Stream(open, sent_at) => {
+                current.keeper.kept_alive(sent_at);
+                drop(current);
+                // The open may have been sent before some pings were asked for (an
+                // earlier or hedged attempt): those get a keep-alive of their own.
+                let (proven, later) = answered_by(std::mem::take(&mut self.waiting), sent_at);
+                proven.into_iter().for_each(|ping| ping.reply(Ok(true)));
+                let open = self.stream.insert(*open);
+                let mut later = later.into_iter();
+                for ping in later.by_ref() {
+                    if !send(open, Some(ping)).await {
+                        broken(
+                            &self.session,
+                            &mut self.stream,
+                            "the keep-alive stream closed",
+                        );
+                        break;
                     }
-                    waiting.extend(later);
-                    next_tick = TokioInstant::now() + timing.interval;
-                    pause = Duration::from_millis(50);
                 }
-                Opened::Gone => {
-                    current.ended();
-                    waiting.drain(..).for_each(|ping| ping.reply(Ok(false)));
-                    return;
-                }
-                Opened::Closed => return,
-                Opened::Failed(err) => {
-                    current.keeper.disconnected();
-                    tracing::debug!(lease, error = %err, "keep-alive stream failed; retrying");
-                    waiting
-                        .drain(..)
-                        .for_each(|ping| ping.reply(Err(err.clone())));
-                    drop(current);
-                    // Pings that arrive meanwhile wait for the next attempt.
-                    let resume = TokioInstant::now() + pause;
-                    pause = (pause * 2).min(timing.interval.max(Duration::from_millis(50)));
-                    loop {
-                        tokio::select! {
-                            () = sleep_until(resume) => break,
-                            ping = pinged.recv() => match ping {
-                                Some(ping) => waiting.push(ping),
-                                None => return,
-                            },
-                        }
+                self.waiting.extend(later);
+                self.next_tick = TokioInstant::now() + self.timing.interval;
+                self.restarts.progressed();
+                Some(())
+            }
+            Opened::Gone => {
+                current.ended();
+                self.waiting
+                    .drain(..)
+                    .for_each(|ping| ping.reply(Ok(false)));
+                None
+            }
+            Opened::Closed => None,
+            Opened::Failed(err) => {
+                current.keeper.disconnected();
+                tracing::debug!(lease, error = %err, "keep-alive stream failed; retrying");
+                self.waiting
+                    .drain(..)
+                    .for_each(|ping| ping.reply(Err(err.clone())));
+                drop(current);
+                // Pings that arrive meanwhile wait for the next attempt.
+                let resume = TokioInstant::now() + self.restarts.next_pause();
+                loop {
+                    tokio::select! {
+                        () = sleep_until(resume) => return Some(()),
+                        ping = self.pinged.recv() => self.waiting.push(ping?),
                     }
-                    continue;
                 }
             }
         }
-        let Some(open) = stream.as_mut() else {
-            match pinged.recv().await {
-                Some(ping) => waiting.push(ping),
-                None => return,
-            }
-            continue;
+    }
+
+    /// The serve step: one event on the open stream (a tick, a ping, an answer, a silence
+    /// too long, a late hedged open), or without a stream the next ping.
+    async fn serve(&mut self) -> Option<()> {
+        let lease = self.lease()?;
+        let Some(open) = self.stream.as_mut() else {
+            let ping = self.pinged.recv().await?;
+            self.waiting.push(ping);
+            return Some(());
         };
+        let session = &self.session;
         // A keep-alive unanswered for three TTLs (or a request time-out): the stream is
         // dead (a silent partition), so open a new one.
         let stale_at = open
             .pending
             .front()
-            .map(|(sent, _)| TokioInstant::from_std(*sent) + timing.stale_after);
+            .map(|(sent, _)| TokioInstant::from_std(*sent) + self.timing.stale_after);
         tokio::select! {
-            () = sleep_until(next_tick), if timing.ticking => {
-                next_tick += timing.interval;
+            () = sleep_until(self.next_tick), if self.timing.ticking => {
+                self.next_tick += self.timing.interval;
                 if !open.pending.is_empty() {
                     if let Some(current) = session.upgrade() {
                         current.keeper.disconnected();
                     }
                 }
                 if !send(open, None).await {
-                    broken(&session, &mut stream, "the keep-alive stream closed");
+                    broken(session, &mut self.stream, "the keep-alive stream closed");
                 }
             }
-            ping = pinged.recv() => match ping {
-                Some(ping) => {
-                    if !send(open, Some(ping)).await {
-                        broken(&session, &mut stream, "the keep-alive stream closed");
-                    }
+            ping = self.pinged.recv() => {
+                if !send(open, Some(ping?)).await {
+                    broken(session, &mut self.stream, "the keep-alive stream closed");
                 }
-                None => return,
-            },
-            () = sleep_until(stale_at.unwrap_or_else(|| TokioInstant::now() + timing.stale_after)), if stale_at.is_some() => {
-                broken(&session, &mut stream, "a keep-alive went unanswered");
             }
-            opened = opens.next(), if !opens.is_empty() => match opened {
+            () = sleep_until(stale_at.unwrap_or_else(|| TokioInstant::now() + self.timing.stale_after)), if stale_at.is_some() => {
+                broken(session, &mut self.stream, "a keep-alive went unanswered");
+            }
+            opened = self.opens.next(), if !self.opens.is_empty() => match opened {
                 Some((sent_at, Ok(Ok(_)))) => {
                     if let Some(current) = session.upgrade() {
                         current.keeper.kept_alive(sent_at);
@@ -408,38 +434,45 @@ async fn keep_alive(
                     if let Some(current) = session.upgrade() {
                         current.ended();
                     }
-                    answer_all(stream.take(), Ok(false), None);
-                    return;
+                    answer_all(self.stream.take(), Ok(false), None);
+                    return None;
                 }
                 _ => {}
             },
             reply = open.replies.message() => match reply {
                 Ok(Some(reply)) => {
                     let answered = open.pending.pop_front();
-                    let Some(current) = session.upgrade() else { return };
+                    let current = session.upgrade()?;
                     if reply.ttl() <= 0 {
                         current.ended();
-                        answer_all(stream.take(), Ok(false), answered.and_then(|(_, ping)| ping));
-                        return;
+                        answer_all(self.stream.take(), Ok(false), answered.and_then(|(_, ping)| ping));
+                        return None;
                     }
                     // etcd answers only what was sent, so an answer with nothing
                     // outstanding proves nothing about when the lease was kept alive.
                     let Some((sent_at, ping)) = answered else {
                         tracing::debug!(lease, "keep-alive answer with none outstanding; ignored");
-                        continue;
+                        return Some(());
                     };
                     current.keeper.kept_alive(sent_at);
                     if let Some(ping) = ping {
                         ping.reply(Ok(true));
                     }
                 }
-                Ok(None) => broken(&session, &mut stream, "the keep-alive stream ended"),
+                Ok(None) => broken(session, &mut self.stream, "the keep-alive stream ended"),
                 Err(err) => {
                     tracing::debug!(error = %err, "keep-alive stream failed");
-                    broken(&session, &mut stream, "the keep-alive stream failed");
+                    broken(session, &mut self.stream, "the keep-alive stream failed");
                 }
             },
         }
+        Some(())
+    }
+
+    /// The session's etcd lease, while the session lives (`None` ends the task, as every
+    /// step's `None` does).
+    fn lease(&self) -> Option<i64> {
+        self.session.upgrade().map(|current| current.lease)
     }
 }
 
@@ -455,18 +488,18 @@ enum Opened {
     Closed,
 }
 
-/// One attempt to open a keep-alive stream: its send time and what came of it.
+/// One attempt to open a keep-alive stream: its send time and what came of it (an error
+/// of its own, or none in time).
 type OpenAttempt = Pin<
     Box<
         dyn Future<
                 Output = (
                     Instant,
-                    std::result::Result<
+                    Result<
                         std::result::Result<
                             (LeaseKeeper, LeaseKeepAliveStream),
                             etcd_client::Error,
                         >,
-                        tokio::time::error::Elapsed,
                     >,
                 ),
             > + Send,
@@ -477,7 +510,8 @@ fn open_attempt(client: &Client, lease: i64, bound: Duration) -> OpenAttempt {
     let client = client.clone();
     Box::pin(async move {
         let sent_at = Instant::now();
-        let opened = timeout(bound, client.lease_client().keep_alive(lease)).await;
+        let opening = async { Ok(client.lease_client().keep_alive(lease).await) };
+        let opened = with_timeout(bound, "keeping a lease alive", opening).await;
         (sent_at, opened)
     })
 }
@@ -505,15 +539,20 @@ async fn open_stream(
                     return Opened::Stream(Box::new(open), sent_at);
                 }
                 Some((_, Ok(Err(err)))) if is_lease_not_found(&err) => return Opened::Gone,
-                Some((_, failed)) => {
-                    if attempts.is_empty() {
-                        return Opened::Failed(match failed {
-                            Ok(Err(err)) => map("keeping a lease alive", err),
-                            _ => timed_out("keeping a lease alive"),
-                        });
-                    }
+                Some((_, Ok(Err(err)))) if attempts.is_empty() => {
+                    return Opened::Failed(into_error(err, "keeping a lease alive"));
                 }
-                None => return Opened::Failed(timed_out("keeping a lease alive")),
+                Some((_, Err(unanswered))) if attempts.is_empty() => {
+                    return Opened::Failed(unanswered);
+                }
+                // Another attempt is still under way.
+                Some(_) => {}
+                None => {
+                    return Opened::Failed(Error::new(
+                        ErrorKind::Unavailable,
+                        "etcd: no keep-alive stream could be opened",
+                    ))
+                }
             },
             () = sleep_until(hedge_at), if timing.ticking && attempts.len() < 3 => {
                 attempts.push(open_attempt(client, lease, timing.request_timeout));

@@ -8,12 +8,12 @@ use etcd_client::{
     Client, EventType, GetOptions, KeyValue, SortOrder, SortTarget, WatchFilterType, WatchOptions,
     WatchStream,
 };
-use lock_core::async_trait;
-use lock_core::backend::{Change, KeyWatch};
+use futures_util::{FutureExt, TryFutureExt};
+use lock_core::backend::async_trait;
+use lock_core::backend::{with_timeout, Change, KeyWatch};
 use lock_core::{LeaseId, Result};
-use tokio::time::timeout;
 
-use crate::error::{map, timed_out};
+use crate::error::into_error;
 use crate::keys::{parse_value, range_end};
 
 /// How a waiter recognises its own entry in the key's directory.
@@ -78,17 +78,18 @@ impl TurnWatch {
         // 100 ms, so a release landing before that loop caught up reached the waiter up to
         // 100 ms late, and on a busy key nearly every watch starts in the past.
         let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
-        let mut stream = timeout(
+        let what = "watching the queue";
+        let mut stream = with_timeout(
             self.request_timeout,
-            self.client.watch_client().watch(key.clone(), Some(options)),
+            what,
+            self.client
+                .watch_client()
+                .watch(key.clone(), Some(options))
+                .map_err(|err| into_error(err, what)),
         )
-        .await
-        .map_err(|_| timed_out("watching the queue"))?
-        .map_err(|err| map("watching the queue", err))?;
+        .await?;
         // The watch delivers every change after the revision its confirmation carries.
-        let confirmed = timeout(self.request_timeout, stream.message())
-            .await
-            .map_err(|_| timed_out("watching the queue"))?;
+        let confirmed = with_timeout(self.request_timeout, what, stream.message().map(Ok)).await?;
         let watched_from = match confirmed {
             Ok(Some(reply)) if reply.created() && !reply.canceled() => {
                 reply.header().map_or(i64::MAX, |h| h.revision())
@@ -122,13 +123,15 @@ impl TurnWatch {
         key: Vec<u8>,
         options: GetOptions,
     ) -> Result<etcd_client::GetResponse> {
-        timeout(
+        with_timeout(
             self.request_timeout,
-            self.client.kv_client().get(key, Some(options)),
+            what,
+            self.client
+                .kv_client()
+                .get(key, Some(options))
+                .map_err(|err| into_error(err, what)),
         )
         .await
-        .map_err(|_| timed_out(what))?
-        .map_err(|err| map(what, err))
     }
 }
 
@@ -179,10 +182,16 @@ impl DirWatch {
         let options = WatchOptions::new()
             .with_range(range_end(&dir))
             .with_filters([WatchFilterType::NoPut]);
-        let stream = timeout(bound, client.watch_client().watch(dir, Some(options)))
-            .await
-            .map_err(|_| timed_out("watching a key"))?
-            .map_err(|err| map("watching a key", err))?;
+        let what = "watching a key";
+        let stream = with_timeout(
+            bound,
+            what,
+            client
+                .watch_client()
+                .watch(dir, Some(options))
+                .map_err(|err| into_error(err, what)),
+        )
+        .await?;
         Ok(DirWatch(stream))
     }
 }
@@ -206,7 +215,7 @@ impl KeyWatch for DirWatch {
                         "etcd ended the watch",
                     ))
                 }
-                Err(err) => return Err(map("watching a key", err)),
+                Err(err) => return Err(into_error(err, "watching a key")),
             }
         }
     }

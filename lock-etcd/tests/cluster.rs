@@ -14,7 +14,7 @@ use support::{connect, etcd_url, leader, start_cluster, start_cluster_with_peer_
 const TTL: Duration = Duration::from_secs(2);
 
 async fn client(url: &str) -> LockClient {
-    LockClient::from_dyn(connect(url).await)
+    LockClient::new(connect(url).await)
 }
 
 /// With a lock held, the leader is killed: the holder keeps its lock or sees `lost()`

@@ -4,5 +4,9 @@
 mod support;
 
 fn main() -> std::process::ExitCode {
-    conformance_tests::run_suite(|| async { Ok(vec![support::EtcdFactory::cluster().await?]) })
+    conformance_tests::run_suite(|| async {
+        Ok(vec![
+            conformance_tests::ServerFactory::start(support::CLUSTER).await?,
+        ])
+    })
 }

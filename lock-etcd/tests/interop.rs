@@ -62,8 +62,7 @@ async fn queued(client: &LockClient, key: &str, waiters: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn distlock_waits_for_etcdctl_lock() {
     let server = start_etcd().await;
-    let client =
-        LockClient::from_dyn(connect(&etcd_url(&[server.addr()], "layout=etcd-mutex")).await);
+    let client = LockClient::new(connect(&etcd_url(&[server.addr()], "layout=etcd-mutex")).await);
     let (etcdctl, mut lines) = etcdctl_lock(server.addr(), "distlock-test/job");
     let entry = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
         .await
@@ -97,8 +96,7 @@ async fn distlock_waits_for_etcdctl_lock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcdctl_lock_waits_for_distlock() {
     let server = start_etcd().await;
-    let client =
-        LockClient::from_dyn(connect(&etcd_url(&[server.addr()], "layout=etcd-mutex")).await);
+    let client = LockClient::new(connect(&etcd_url(&[server.addr()], "layout=etcd-mutex")).await);
     let guard = client.lock("job").ttl(TTL).await.unwrap();
     let (etcdctl, mut lines) = etcdctl_lock(server.addr(), "distlock-test/job");
     queued(&client, "job", 1).await;
@@ -129,8 +127,7 @@ async fn etcdctl_lock_waits_for_distlock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_shows_etcdctl_locks_in_key_order() {
     let server = start_etcd().await;
-    let client =
-        LockClient::from_dyn(connect(&etcd_url(&[server.addr()], "layout=etcd-mutex")).await);
+    let client = LockClient::new(connect(&etcd_url(&[server.addr()], "layout=etcd-mutex")).await);
     let (etcdctl, mut lines) = etcdctl_lock(server.addr(), "distlock-test/job");
     tokio::time::timeout(Duration::from_secs(10), lines.next_line())
         .await

@@ -24,8 +24,8 @@ async fn listing_spans_pages_of_the_range_read() {
             LockKey::new(format!("many/{i:04}")).unwrap(),
             TTL,
             Duration::ZERO,
+            Renewal::Auto,
         )
-        .with_renewal(Renewal::Auto)
     };
     let held: Vec<(String, u64)> = futures_util::stream::iter(0..1500)
         .map(|i| {
@@ -42,8 +42,7 @@ async fn listing_spans_pages_of_the_range_read() {
     // Key 997's entries are the 998th to the 1,002nd of the range.
     let crowded = request(997);
     for _ in 0..4 {
-        let waiter = AcquireRequest::new(crowded.key().clone(), TTL, Duration::ZERO)
-            .with_renewal(Renewal::Auto);
+        let waiter = AcquireRequest::new(crowded.key().clone(), TTL, Duration::ZERO, Renewal::Auto);
         backend.enqueue(&waiter).await.unwrap();
     }
     let listed = backend.list_held("many/", 2000).await.unwrap();

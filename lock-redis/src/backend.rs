@@ -4,12 +4,11 @@ use std::fmt;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
+use lock_core::backend::async_trait;
 use lock_core::backend::{
-    AcquireRequest, Grant, HolderInfo, KeyWatch, LeaseRenewal, LockBackend, Record,
+    AcquireRequest, Grant, HolderInfo, KeyWatch, LeaseRenewal, LockBackend, Ownership, Record,
 };
-use lock_core::{
-    async_trait, Capabilities, Error, ErrorKind, FencingToken, LeaseId, LockKey, Result,
-};
+use lock_core::{Capabilities, Error, ErrorKind, FencingToken, LeaseId, LockKey, Result};
 use redis::Script;
 
 use crate::config::RedisConfig;
@@ -136,7 +135,7 @@ impl LockBackend for RedisBackend {
                     .key(inner.layout.lock_key(request.key()))
                     .key(inner.layout.fence_key(request.key()))
                     .arg(request.lease_id().to_string())
-                    .arg(ttl_millis(&inner.capabilities, request.ttl()))
+                    .arg(ttl_millis(request.store_ttl()))
                     .arg(label_arg(request.holder_label())),
                 "acquire",
             )
@@ -144,7 +143,7 @@ impl LockBackend for RedisBackend {
         Ok((token > 0).then(|| FencingToken::new(token).into()))
     }
 
-    async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
+    async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<Ownership> {
         let lease = LeaseRenewal {
             key: key.clone(),
             lease_id,
@@ -156,15 +155,15 @@ impl LockBackend for RedisBackend {
             .unwrap_or_else(|| Err(unexpected_reply("renew", self.inner.node.shown())))
     }
 
-    async fn renew_many(&self, leases: &[LeaseRenewal]) -> Vec<Result<bool>> {
+    async fn renew_many(&self, leases: &[LeaseRenewal]) -> Vec<Result<Ownership>> {
         let inner = &self.inner;
-        match renew_if_owner(&inner.node, &inner.layout, &inner.capabilities, leases).await {
+        match renew_if_owner(&inner.node, &inner.layout, leases).await {
             Ok(renewed) => renewed.into_iter().map(Ok).collect(),
             Err(err) => vec![Err(err); leases.len()],
         }
     }
 
-    async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
+    async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<Ownership> {
         let inner = &self.inner;
         let (lock_key, channel) = (inner.layout.lock_key(key), inner.layout.channel());
         release_if_owner(&inner.node, &lock_key, lease_id, &channel).await
@@ -221,7 +220,7 @@ impl LockBackend for RedisBackend {
         lease_id: LeaseId,
         record: &Record,
         retention: Duration,
-    ) -> Result<bool> {
+    ) -> Result<Ownership> {
         let retention_ms = Record::retention_millis(retention)?;
         let inner = &self.inner;
         let written: i64 = inner
@@ -236,6 +235,6 @@ impl LockBackend for RedisBackend {
                 "write_record",
             )
             .await?;
-        Ok(written == 1)
+        Ok(Ownership::held_if(written == 1))
     }
 }

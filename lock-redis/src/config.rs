@@ -4,10 +4,14 @@ use std::collections::HashSet;
 use std::fmt;
 use std::time::Duration;
 
-use lock_core::{Capabilities, Error, ErrorKind, Liveness, Result, StoreUrl};
+use lock_core::backend::StoreUrl;
+use lock_core::{Capabilities, Error, ErrorKind, Liveness, Result};
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo};
 
 const DEFAULT_PORT: u16 = 6379;
+
+/// The URL schemes [`RedisConfig::from_url`] accepts (`rediss` ones need the `tls` feature).
+pub(crate) const SCHEMES: &[&str] = &["redis", "rediss", "redis+redlock", "rediss+redlock"];
 
 /// How to reach Redis and how to lay out the locks there.
 ///
@@ -88,18 +92,8 @@ impl RedisConfig {
     /// (never repeating the password).
     pub fn from_url(url: &str) -> Result<Self> {
         let mut url = StoreUrl::parse(url)?;
-        let (tls, redlock) = match url.scheme() {
-            "redis" => (false, false),
-            "rediss" => (true, false),
-            "redis+redlock" => (false, true),
-            "rediss+redlock" => (true, true),
-            other => {
-                return Err(url.error(&format!(
-                    "unsupported scheme {other:?} (expected one of {:?})",
-                    crate::SCHEMES
-                )))
-            }
-        };
+        let scheme = url.expect_scheme(SCHEMES)?;
+        let (tls, redlock) = (scheme.starts_with("rediss"), scheme.ends_with("+redlock"));
         if tls && !cfg!(feature = "tls") {
             return Err(Error::new(
                 ErrorKind::Unsupported,
@@ -137,31 +131,21 @@ impl RedisConfig {
             );
         }
         let defaults = RedisConfig::defaults();
-        let millis = |url: &mut StoreUrl, name: &str, default: Duration| -> Result<Duration> {
-            Ok(url
-                .take_parsed::<u64>(name, "a positive number of milliseconds")?
-                .map(|ms| {
-                    (ms > 0)
-                        .then(|| Duration::from_millis(ms))
-                        .ok_or_else(|| url.error(&format!("{name}=0 is not a positive number")))
-                })
-                .transpose()?
-                .unwrap_or(default))
-        };
-        let flag = |url: &mut StoreUrl, name: &str| -> Result<bool> {
-            match url.take_param(name).as_deref() {
-                None | Some("false" | "0" | "no") => Ok(false),
-                Some("true" | "1" | "yes") => Ok(true),
-                Some(other) => Err(url.error(&format!("{name}={other:?} is not true or false"))),
-            }
-        };
         let config = RedisConfig {
             key_prefix: url.take_param("key_prefix").unwrap_or(defaults.key_prefix),
-            connect_timeout: millis(&mut url, "connect_timeout_ms", defaults.connect_timeout)?,
-            response_timeout: millis(&mut url, "response_timeout_ms", defaults.response_timeout)?,
-            node_timeout: millis(&mut url, "node_timeout_ms", defaults.node_timeout)?,
-            durable: flag(&mut url, "durable")?,
-            allow_eviction: flag(&mut url, "allow_eviction")?,
+            connect_timeout: url
+                .take_millis("connect_timeout_ms")?
+                .unwrap_or(defaults.connect_timeout),
+            response_timeout: url
+                .take_millis("response_timeout_ms")?
+                .unwrap_or(defaults.response_timeout),
+            node_timeout: url
+                .take_millis("node_timeout_ms")?
+                .unwrap_or(defaults.node_timeout),
+            durable: url.take_flag("durable")?.unwrap_or(defaults.durable),
+            allow_eviction: url
+                .take_flag("allow_eviction")?
+                .unwrap_or(defaults.allow_eviction),
             nodes,
             redlock,
             tls,
@@ -329,7 +313,10 @@ impl fmt::Debug for RedisConfig {
             .field("allow_eviction", &self.allow_eviction)
             .field(
                 "subscriber_url",
-                &self.subscriber_url.as_deref().map(lock_core::redact_url),
+                &self
+                    .subscriber_url
+                    .as_deref()
+                    .map(lock_core::backend::redact_url),
             )
             .finish()
     }

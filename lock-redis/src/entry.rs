@@ -11,8 +11,8 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use futures_util::future::try_join_all;
-use lock_core::backend::{HolderInfo, LeaseRenewal};
-use lock_core::{Capabilities, FencingToken, LeaseId, Result};
+use lock_core::backend::{HolderInfo, LeaseRenewal, Ownership};
+use lock_core::{FencingToken, LeaseId, Result};
 use redis::Script;
 
 use crate::error::unexpected_reply;
@@ -82,10 +82,10 @@ fn label_of(value: &str) -> Option<String> {
     text_of_hex(hex)
 }
 
-/// A TTL as the whole milliseconds the scripts pass to `PX`/`PEXPIRE`, rounded up so the
-/// server never forgets a lease before its holder's deadline.
-pub(crate) fn ttl_millis(capabilities: &Capabilities, ttl: Duration) -> u64 {
-    u64::try_from(capabilities.store_ttl(ttl).as_millis()).unwrap_or(u64::MAX)
+/// A store TTL (already rounded up to whole milliseconds by the core) as the milliseconds
+/// the scripts pass to `PX`/`PEXPIRE`.
+pub(crate) fn ttl_millis(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The live entry under `lock_key` on `node`, read with its remaining TTL in one step so
@@ -115,16 +115,15 @@ fn parse_holder((value, pttl): (String, i64)) -> Option<Option<Held>> {
 pub(crate) async fn renew_if_owner(
     node: &Node,
     layout: &Layout,
-    capabilities: &Capabilities,
     leases: &[LeaseRenewal],
-) -> Result<Vec<bool>> {
+) -> Result<Vec<Ownership>> {
     let calls = leases.chunks(RENEWALS_PER_SCRIPT).map(|chunk| async move {
         let mut invocation = RENEW_MANY.prepare_invoke();
         for lease in chunk {
             invocation
                 .key(layout.lock_key(&lease.key))
                 .arg(lease.lease_id.to_string())
-                .arg(ttl_millis(capabilities, lease.ttl));
+                .arg(ttl_millis(lease.ttl));
         }
         let renewed: Vec<i64> = node.invoke(&invocation, "renew").await?;
         if renewed.len() != chunk.len() {
@@ -136,26 +135,26 @@ pub(crate) async fn renew_if_owner(
     Ok(replies
         .into_iter()
         .flatten()
-        .map(|renewed| renewed == 1)
+        .map(|renewed| Ownership::held_if(renewed == 1))
         .collect())
 }
 
 /// Deletes the entry under `lock_key` on `node` if it is `lease_id`'s, and then announces
-/// the release on `channel`; `false` when the entry was not that lease's (nothing is
-/// touched then).
+/// the release on `channel`; [`Ownership::NotHeld`] when the entry was not that lease's
+/// (nothing is touched then).
 pub(crate) async fn release_if_owner(
     node: &Node,
     lock_key: &str,
     lease_id: LeaseId,
     channel: &str,
-) -> Result<bool> {
+) -> Result<Ownership> {
     let released: i64 = node
         .invoke(
             RELEASE.key(lock_key).arg(lease_id.to_string()).arg(channel),
             "release",
         )
         .await?;
-    Ok(released == 1)
+    Ok(Ownership::held_if(released == 1))
 }
 
 #[cfg(test)]

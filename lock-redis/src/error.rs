@@ -13,15 +13,17 @@ pub(crate) fn breaks_connection(err: &RedisError) -> bool {
         || err.is_unrecoverable_error()
 }
 
-/// `err`, raised while doing `what` against `node` (an address without credentials), as a
-/// distlock error; configuration mistakes say what to change.
-pub(crate) fn from_redis(err: RedisError, what: &str, node: &str) -> Error {
+/// `err`, met while doing `doing` on `node` (an address without credentials), as a
+/// distlock error (the client's error as source); configuration mistakes say what to
+/// change.
+pub(crate) fn into_error(err: RedisError, doing: &str, node: &str) -> Error {
     let (kind, hint) = classify(&err);
-    let message = match hint {
-        Some(hint) => format!("redis {node}: {what} failed: {hint}"),
-        None => format!("redis {node}: {what} failed"),
-    };
-    Error::new(kind, message).with_source(err)
+    let error = Error::store(&format!("redis {node}"), doing, kind);
+    match hint {
+        Some(hint) => error.hint(hint),
+        None => error,
+    }
+    .with_source(err)
 }
 
 fn classify(err: &RedisError) -> (ErrorKind, Option<&'static str>) {
@@ -109,7 +111,7 @@ mod tests {
     #[test]
     fn io_failures_are_unavailable() {
         let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
-        let err = from_redis(RedisError::from(io), "connect", "redis://h:1");
+        let err = into_error(RedisError::from(io), "connect", "redis://h:1");
         assert_eq!(err.kind(), ErrorKind::Unavailable);
     }
 
@@ -133,14 +135,14 @@ mod tests {
         ] {
             let err = redis::make_extension_error(code.into(), Some("something happened".into()));
             assert_eq!(
-                from_redis(err, "acquire", "redis://h:1/0").kind(),
+                into_error(err, "acquire", "redis://h:1/0").kind(),
                 kind,
                 "{code}"
             );
         }
         let err =
             redis::make_extension_error("ERR".into(), Some("DB index is out of range".into()));
-        let err = from_redis(err, "connect", "redis://h:1/99");
+        let err = into_error(err, "connect", "redis://h:1/99");
         assert_eq!(err.kind(), ErrorKind::Misconfigured);
         assert!(err.message().contains("databases"), "{err}");
     }

@@ -10,7 +10,7 @@
 //!
 //! // One node; for Redlock: "redis+redlock://h1:6379,h2:6379,h3:6379,h4:6379,h5:6379".
 //! let backend = lock_redis::connect("redis://127.0.0.1:6379/0?key_prefix=myapp:").await?;
-//! let client = LockClient::from_dyn(backend);
+//! let client = LockClient::new(backend);
 //! let guard = client.lock("invoice-42").ttl(Duration::from_secs(10)).await?;
 //! println!("writing with fencing token {}", guard.token());
 //! guard.release().await?;
@@ -34,8 +34,21 @@ pub use backend::RedisBackend;
 pub use config::RedisConfig;
 pub use redlock::RedlockBackend;
 
-/// The URL schemes [`connect`] understands.
-pub const SCHEMES: &[&str] = &["redis", "rediss", "redis+redlock", "rediss+redlock"];
+/// This crate in a table of stores (the `distlock` facade's): the `redis://` and
+/// `redis+redlock://` schemes, and with the `tls` feature `rediss://` and
+/// `rediss+redlock://`, connected with [`connect`].
+pub const STORE: lock_core::backend::Store =
+    lock_core::backend::Store::new("redis", SERVED, |url| Box::pin(connect(url)));
+
+/// The schemes this build serves.
+const SERVED: &[&str] = &[
+    "redis",
+    "redis+redlock",
+    #[cfg(feature = "tls")]
+    "rediss",
+    #[cfg(feature = "tls")]
+    "rediss+redlock",
+];
 
 /// Connects to the store a URL names: a [`RedisBackend`] for `redis://` and `rediss://`, a
 /// [`RedlockBackend`] for `redis+redlock://` and `rediss+redlock://` (see [`RedisConfig`]

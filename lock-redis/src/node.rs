@@ -11,7 +11,7 @@ use redis::{AsyncConnectionConfig, FromRedisValue, ScriptInvocation};
 use tokio::sync::watch;
 
 use crate::config::{NodeTarget, RedisConfig};
-use crate::error::{breaks_connection, from_redis};
+use crate::error::{breaks_connection, into_error};
 
 /// How a node connects, shared by every node of a backend.
 #[derive(Clone, Copy)]
@@ -73,7 +73,7 @@ enum Link {
 impl Node {
     pub(crate) fn new(target: NodeTarget, options: NodeOptions) -> Result<Self> {
         let NodeTarget { shown, info } = target;
-        let client = redis::Client::open(info).map_err(|e| from_redis(e, "configure", &shown))?;
+        let client = redis::Client::open(info).map_err(|e| into_error(e, "configure", &shown))?;
         Ok(Node {
             client,
             shown,
@@ -208,7 +208,7 @@ async fn connect(
         let mut connection = client
             .get_multiplexed_async_connection_with_config(&config)
             .await
-            .map_err(|err| from_redis(err, "connect", &shown))?;
+            .map_err(|err| into_error(err, "connect", &shown))?;
         check_eviction(&mut connection, &shown, options.allow_eviction).await?;
         Ok(connection)
     };
@@ -249,7 +249,7 @@ async fn check_eviction(
         .await;
     let policy = match reply {
         Ok(pair) => pair.into_iter().nth(1),
-        Err(err) if breaks_connection(&err) => return Err(from_redis(err, "connect", shown)),
+        Err(err) if breaks_connection(&err) => return Err(into_error(err, "connect", shown)),
         Err(err) => {
             tracing::warn!(
                 node = shown,
@@ -295,7 +295,7 @@ impl DiscardUnlessAnswered<'_> {
             }
             Err(err) => {
                 self.answered = !breaks_connection(&err);
-                Err(from_redis(err, what, &self.node.shown))
+                Err(into_error(err, what, &self.node.shown))
             }
         }
     }

@@ -17,7 +17,7 @@ use lock_core::backend::{
 use lock_core::Result;
 use tokio::sync::watch;
 
-use crate::error::from_redis;
+use crate::error::into_error;
 use crate::node::Node;
 
 /// Most releases remembered for coalescing; beyond it the oldest are forgotten (which
@@ -133,7 +133,7 @@ async fn listen(
                      grant it with ACL SETUSER <user> &<channel>"
                 );
             }
-            from_redis(err, "subscribe", &shown)
+            into_error(err, "subscribe", &shown)
         })
     })
     .await;

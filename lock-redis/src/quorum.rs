@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use lock_core::backend::Ownership;
 use lock_core::{Error, ErrorKind, LeaseId, Result};
 
 use crate::entry::{Entry, Held};
@@ -32,26 +33,26 @@ impl Quorum {
     }
 
     /// What the nodes' answers to an owner-only request on one lease (renew, release)
-    /// mean for the lease: `Ok(true)` when a majority did it; `Ok(false)` when not even
-    /// every silent node doing it would make a majority (the lease is not live); otherwise
+    /// mean for the lease: [`Ownership::Held`] when a majority did it;
+    /// [`Ownership::NotHeld`] when not even every silent node doing it would make a majority (the lease is not live); otherwise
     /// undecided, [`ErrorKind::Unavailable`] naming how many answered.
     pub(crate) fn decide(
         self,
         what: &str,
-        answers: impl IntoIterator<Item = Result<bool>>,
-    ) -> Result<bool> {
+        answers: impl IntoIterator<Item = Result<Ownership>>,
+    ) -> Result<Ownership> {
         let (mut done, mut refused, mut errors) = (0, 0, Vec::new());
         for answer in answers {
             match answer {
-                Ok(true) => done += 1,
-                Ok(false) => refused += 1,
+                Ok(Ownership::Held) => done += 1,
+                Ok(Ownership::NotHeld) => refused += 1,
                 Err(err) => errors.push(err),
             }
         }
         if self.reached(done) {
-            Ok(true)
+            Ok(Ownership::Held)
         } else if !self.reached(done + errors.len()) {
-            Ok(false)
+            Ok(Ownership::NotHeld)
         } else {
             Err(self.missed(what, done + refused, errors))
         }
@@ -131,7 +132,7 @@ mod tests {
         Error::new(ErrorKind::Unavailable, "no answer")
     }
 
-    fn silent() -> Result<bool> {
+    fn silent() -> Result<Ownership> {
         Err(unanswered())
     }
 
@@ -144,10 +145,25 @@ mod tests {
     #[test]
     fn a_lease_is_live_on_a_majority_gone_when_no_majority_can_hold_it() {
         let five = Quorum::of(5);
-        let decide = |answers: Vec<Result<bool>>| five.decide("renew", answers);
-        assert!(decide(vec![Ok(true), Ok(true), Ok(true), Ok(false), silent()]).unwrap());
-        assert!(!decide(vec![Ok(true), Ok(false), Ok(false), Ok(false), silent()]).unwrap());
-        let undecided = decide(vec![Ok(true), Ok(true), Ok(false), silent(), silent()]);
+        let decide = |answers: Vec<Result<Ownership>>| five.decide("renew", answers);
+        let (held, gone) = (Ok(Ownership::Held), Ok(Ownership::NotHeld));
+        let answers = vec![
+            held.clone(),
+            held.clone(),
+            held.clone(),
+            gone.clone(),
+            silent(),
+        ];
+        assert_eq!(decide(answers).unwrap(), Ownership::Held);
+        let answers = vec![
+            held.clone(),
+            gone.clone(),
+            gone.clone(),
+            gone.clone(),
+            silent(),
+        ];
+        assert_eq!(decide(answers).unwrap(), Ownership::NotHeld);
+        let undecided = decide(vec![held.clone(), held.clone(), gone, silent(), silent()]);
         assert_eq!(undecided.unwrap_err().kind(), ErrorKind::Unavailable);
         let denied = five.decide(
             "renew",
@@ -155,8 +171,8 @@ mod tests {
                 Err(Error::new(ErrorKind::PermissionDenied, "NOPERM")),
                 silent(),
                 silent(),
-                Ok(true),
-                Ok(true),
+                held.clone(),
+                held,
             ],
         );
         assert_eq!(denied.unwrap_err().kind(), ErrorKind::PermissionDenied);

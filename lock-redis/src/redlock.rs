@@ -9,13 +9,12 @@ use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
+use lock_core::backend::async_trait;
 use lock_core::backend::{
-    finish_if_dropped, with_timeout, AcquireRequest, Grant, HolderInfo, KeyWatch, LeaseRenewal,
-    LockBackend,
+    finish_if_dropped, unanswered, with_timeout, AcquireRequest, Grant, HolderInfo, KeyWatch,
+    LeaseRenewal, LockBackend, Ownership,
 };
-use lock_core::{
-    async_trait, Backoff, Capabilities, Error, ErrorKind, FencingToken, LeaseId, LockKey, Result,
-};
+use lock_core::{Backoff, Capabilities, Error, ErrorKind, FencingToken, LeaseId, LockKey, Result};
 
 use redis::Script;
 
@@ -60,6 +59,77 @@ struct Reserved {
     node: usize,
     status: i64,
     token: u64,
+}
+
+/// One acquisition attempt as the scripts take it.
+struct Attempt {
+    key: LockKey,
+    lease_id: LeaseId,
+    ttl: Duration,
+    lock_key: String,
+    fence_key: String,
+    lease: String,
+    label: String,
+    ttl_ms: u64,
+    /// Scopes the attempt's clean-up to it (see reserve.lua and discard.lua).
+    stamp: u64,
+}
+
+impl Attempt {
+    fn of(inner: &Inner, request: &AcquireRequest) -> Self {
+        Attempt {
+            key: request.key().clone(),
+            lease_id: request.lease_id(),
+            ttl: request.ttl(),
+            lock_key: inner.layout.lock_key(request.key()),
+            fence_key: inner.layout.fence_key(request.key()),
+            lease: request.lease_id().to_string(),
+            label: label_arg(request.holder_label()),
+            ttl_ms: ttl_millis(request.store_ttl()),
+            stamp: next_stamp(),
+        }
+    }
+}
+
+/// What round 1 found on the nodes that answered.
+#[derive(Default)]
+struct RoundOne {
+    /// The nodes that reserved the key for this attempt.
+    reserved: Vec<Reserved>,
+    /// How many nodes found the key held by another lease.
+    held: usize,
+    /// The highest fencing counter any node reported.
+    counter_max: u64,
+}
+
+impl RoundOne {
+    /// The token of the grant: a retry that finds this lease's confirmed token on a
+    /// majority, and no higher counter anywhere, keeps it; anything else gets a token
+    /// above every counter of the majority, which is above every token granted before
+    /// (docs.md).
+    fn choose_token(&self, quorum: Quorum) -> u64 {
+        let highest = self.reserved.iter().map(|r| r.token).max().unwrap_or(0);
+        let confirmed_before = self
+            .reserved
+            .iter()
+            .filter(|r| r.status == OWN && r.token == highest)
+            .count();
+        if highest > 0 && quorum.reached(confirmed_before) && self.counter_max <= highest {
+            highest
+        } else {
+            self.counter_max.max(highest) + 1
+        }
+    }
+}
+
+/// How round 1 ended.
+enum Reservation {
+    /// A majority reserved the key.
+    Taken(RoundOne),
+    /// A majority is held by other leases: the key is taken.
+    Held,
+    /// Too few nodes answered to tell.
+    Failed(Error),
 }
 
 /// Stamps of acquisition attempts, growing across every attempt this process makes: a
@@ -198,6 +268,103 @@ impl RedlockBackend {
         .await
     }
 
+    /// Round 1 of an acquisition: takes the key (token pending) on every node that has it
+    /// free, and reads every node's counter. Without a majority, whatever was taken is
+    /// given back before answering.
+    async fn reserve(&self, attempt: &Attempt) -> Reservation {
+        let replies = self
+            .on_all("reserve", |_, node| {
+                let Attempt {
+                    lock_key,
+                    fence_key,
+                    lease,
+                    label,
+                    ttl_ms,
+                    stamp,
+                    ..
+                } = attempt;
+                async move {
+                    node.invoke::<(i64, u64, u64)>(
+                        RESERVE
+                            .key(lock_key)
+                            .key(fence_key)
+                            .arg(lease)
+                            .arg(ttl_ms)
+                            .arg(stamp)
+                            .arg(label),
+                        "reserve",
+                    )
+                    .await
+                }
+            })
+            .await;
+        let mut round_one = RoundOne::default();
+        let mut errors = Vec::new();
+        for (node, reply) in replies.into_iter().enumerate() {
+            match reply {
+                Ok((status, _, counter)) if status == HELD => {
+                    round_one.held += 1;
+                    round_one.counter_max = round_one.counter_max.max(counter);
+                }
+                Ok((status, token, counter)) => {
+                    round_one.counter_max = round_one.counter_max.max(counter);
+                    round_one.reserved.push(Reserved {
+                        node,
+                        status,
+                        token,
+                    });
+                }
+                Err(err) => errors.push(err),
+            }
+        }
+        let (quorum, taken) = (self.inner.quorum, round_one.reserved.len());
+        if quorum.reached(taken) {
+            return Reservation::Taken(round_one);
+        }
+        if taken > 0 {
+            self.abandon(&attempt.key, attempt.lease_id, attempt.stamp, attempt.ttl)
+                .await;
+        }
+        if quorum.reached(taken + round_one.held) {
+            Reservation::Held
+        } else {
+            Reservation::Failed(quorum.missed("acquire", taken + round_one.held, errors))
+        }
+    }
+
+    /// Round 2 of an acquisition: records `token` in each reserved entry and raises each
+    /// reserved node's counter to it. Answers how many nodes confirmed.
+    async fn confirm(&self, attempt: &Attempt, round_one: &RoundOne, token: u64) -> usize {
+        let reserved: HashSet<usize> = round_one.reserved.iter().map(|r| r.node).collect();
+        let confirmed = self
+            .on_all("confirm", |index, node| {
+                let reserved = reserved.contains(&index);
+                let (lock_key, fence_key, lease, stamp) = (
+                    &attempt.lock_key,
+                    &attempt.fence_key,
+                    &attempt.lease,
+                    attempt.stamp,
+                );
+                async move {
+                    if !reserved {
+                        return Ok(0);
+                    }
+                    node.invoke::<i64>(
+                        CONFIRM
+                            .key(lock_key)
+                            .key(fence_key)
+                            .arg(lease)
+                            .arg(stamp)
+                            .arg(token),
+                        "confirm",
+                    )
+                    .await
+                }
+            })
+            .await;
+        confirmed.iter().filter(|r| matches!(r, Ok(1))).count()
+    }
+
     /// Removes what the failed attempt `stamp` of `lease_id` took, from every node.
     ///
     /// The clean-up finishes in the background if it outlasts the wait for it
@@ -215,19 +382,13 @@ impl RedlockBackend {
         let clean_up = finish_if_dropped(async move {
             join_all(inner.nodes.iter().map(|node| {
                 let (lock_key, lease) = (&lock_key, &lease);
-                async move {
-                    for attempt in 0.. {
-                        let mut discard = DISCARD.prepare_invoke();
-                        discard.key(lock_key).arg(lease).arg(stamp);
-                        let pause = CLEAN_UP_BACKOFF.pause(attempt);
-                        match node.invoke::<i64>(&discard, "clean up").await {
-                            Err(err) if err.is_retryable() && Instant::now() + pause < until => {
-                                tokio::time::sleep(pause).await;
-                            }
-                            _ => return,
-                        }
-                    }
-                }
+                // Whatever the outcome, nothing is left to do: a node that never answered
+                // lets the entry expire with its TTL.
+                CLEAN_UP_BACKOFF.retry_until(Some(until), unanswered, move || {
+                    let mut discard = DISCARD.prepare_invoke();
+                    discard.key(lock_key).arg(lease).arg(stamp);
+                    async move { node.invoke::<i64>(&discard, "clean up").await }
+                })
             }))
             .await;
         });
@@ -260,119 +421,32 @@ impl LockBackend for RedlockBackend {
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
         let started = Instant::now();
-        let inner = &self.inner;
-        let (lock_key, fence_key) = (
-            inner.layout.lock_key(request.key()),
-            inner.layout.fence_key(request.key()),
-        );
-        let lease = request.lease_id().to_string();
-        let ttl = ttl_millis(&inner.capabilities, request.ttl());
-        let stamp = next_stamp();
-        let label = label_arg(request.holder_label());
-
-        // Round 1: take the key (token pending) on every node that has it free, and read
-        // every node's counter.
-        let replies = self
-            .on_all("reserve", |_, node| {
-                let (lock_key, fence_key, lease, label) = (&lock_key, &fence_key, &lease, &label);
-                async move {
-                    node.invoke::<(i64, u64, u64)>(
-                        RESERVE
-                            .key(lock_key)
-                            .key(fence_key)
-                            .arg(lease)
-                            .arg(ttl)
-                            .arg(stamp)
-                            .arg(label),
-                        "reserve",
-                    )
-                    .await
-                }
-            })
-            .await;
-        let mut granted = Vec::new();
-        let (mut held, mut counter_max) = (0, 0u64);
-        let mut errors = Vec::new();
-        for (node, reply) in replies.into_iter().enumerate() {
-            match reply {
-                Ok((status, _, counter)) if status == HELD => {
-                    held += 1;
-                    counter_max = counter_max.max(counter);
-                }
-                Ok((status, token, counter)) => {
-                    counter_max = counter_max.max(counter);
-                    granted.push(Reserved {
-                        node,
-                        status,
-                        token,
-                    });
-                }
-                Err(err) => errors.push(err),
-            }
-        }
-        let quorum = inner.quorum;
-        if !quorum.reached(granted.len()) {
-            if !granted.is_empty() {
-                self.abandon(request.key(), request.lease_id(), stamp, request.ttl())
-                    .await;
-            }
-            if quorum.reached(granted.len() + held) {
-                return Ok(None);
-            }
-            return Err(quorum.missed("acquire", granted.len() + held, errors));
-        }
-
-        // The token: a retry that finds this lease's confirmed token on a majority, and no
-        // higher counter anywhere, keeps it; anything else gets a token above every counter
-        // of the majority, which is above every token granted before (docs.md).
-        let highest = granted.iter().map(|r| r.token).max().unwrap_or(0);
-        let confirmed_before = granted
-            .iter()
-            .filter(|r| r.status == OWN && r.token == highest)
-            .count();
-        let token = if highest > 0 && quorum.reached(confirmed_before) && counter_max <= highest {
-            highest
-        } else {
-            counter_max.max(highest) + 1
+        let attempt = Attempt::of(&self.inner, request);
+        let round_one = match self.reserve(&attempt).await {
+            Reservation::Taken(round_one) => round_one,
+            Reservation::Held => return Ok(None),
+            Reservation::Failed(err) => return Err(err),
         };
-
-        // Round 2: record the token in each entry and raise each counter to it.
-        let reserved: HashSet<usize> = granted.iter().map(|r| r.node).collect();
-        let confirmed = self
-            .on_all("confirm", |index, node| {
-                let reserved = reserved.contains(&index);
-                let (lock_key, fence_key, lease) = (&lock_key, &fence_key, &lease);
-                async move {
-                    if !reserved {
-                        return Ok(0);
-                    }
-                    node.invoke::<i64>(
-                        CONFIRM
-                            .key(lock_key)
-                            .key(fence_key)
-                            .arg(lease)
-                            .arg(stamp)
-                            .arg(token),
-                        "confirm",
-                    )
-                    .await
-                }
-            })
-            .await;
-        let confirmations = confirmed.iter().filter(|r| matches!(r, Ok(1))).count();
+        let token = round_one.choose_token(self.inner.quorum);
+        let confirmations = self.confirm(&attempt, &round_one, token).await;
         let still_valid = request
             .grant(FencingToken::new(token), started)
             .valid_until()
             > Instant::now();
-        if quorum.reached(confirmations) && still_valid {
+        if self.inner.quorum.reached(confirmations) && still_valid {
             return Ok(Some(FencingToken::new(token).into()));
         }
-        self.abandon(request.key(), request.lease_id(), stamp, request.ttl())
-            .await;
+        self.abandon(
+            request.key(),
+            request.lease_id(),
+            attempt.stamp,
+            request.ttl(),
+        )
+        .await;
         let why = if still_valid {
             format!(
                 "acquire: the token was recorded on only {confirmations} of {} Redis nodes",
-                inner.nodes.len()
+                self.inner.nodes.len()
             )
         } else {
             format!(
@@ -383,7 +457,7 @@ impl LockBackend for RedlockBackend {
         Err(Error::new(ErrorKind::Unavailable, why))
     }
 
-    async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
+    async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<Ownership> {
         let lease = LeaseRenewal {
             key: key.clone(),
             lease_id,
@@ -401,17 +475,17 @@ impl LockBackend for RedlockBackend {
     /// One batch per node for all the leases, then a majority per lease. The validity of a
     /// renewal is judged by the core from when the batch was sent (send time + TTL −
     /// drift), as for acquisition, so a majority that answers late renews nothing usable.
-    async fn renew_many(&self, leases: &[LeaseRenewal]) -> Vec<Result<bool>> {
+    async fn renew_many(&self, leases: &[LeaseRenewal]) -> Vec<Result<Ownership>> {
         let inner = &self.inner;
         let replies = self
             .on_all("renew", |_, node| {
-                renew_if_owner(node, &inner.layout, &inner.capabilities, leases)
+                renew_if_owner(node, &inner.layout, leases)
             })
             .await;
         (0..leases.len())
             .map(|index| {
                 let answers = replies.iter().map(|reply| match reply {
-                    Ok(renewed) => Ok(renewed.get(index) == Some(&true)),
+                    Ok(renewed) => Ok(renewed.get(index).copied().unwrap_or(Ownership::NotHeld)),
                     Err(err) => Err(err.clone()),
                 });
                 inner.quorum.decide("renew", answers)
@@ -421,7 +495,7 @@ impl LockBackend for RedlockBackend {
 
     /// Goes to every node, so a minority of leftovers is removed too; but the lease was
     /// live, and is released, only if a majority still held it.
-    async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
+    async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<Ownership> {
         let inner = &self.inner;
         let (lock_key, channel) = (inner.layout.lock_key(key), inner.layout.channel());
         let replies = self
@@ -483,7 +557,8 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use conformance_tests::store_process::{StoreProcess, StoreSpec};
-    use lock_core::default_drift_allowance;
+    use lock_core::backend::default_drift_allowance;
+    use lock_core::Renewal;
 
     use super::*;
 
@@ -526,7 +601,12 @@ mod tests {
         let rival = RedlockBackend::connect(&config).await.unwrap();
         let key = LockKey::new(format!("k{:08x}", fastrand::u32(..))).unwrap();
         let ttl = Duration::from_secs(30);
-        let request = AcquireRequest::new(key.clone(), ttl, default_drift_allowance(ttl));
+        let request = AcquireRequest::new(
+            key.clone(),
+            ttl,
+            default_drift_allowance(ttl),
+            Renewal::Manual,
+        );
         let lock_key = holder.inner.layout.lock_key(&key);
 
         // The earlier attempt: it failed, and its clean-up is still on its way.
@@ -543,7 +623,12 @@ mod tests {
 
         holder.abandon(&key, request.lease_id(), earlier, ttl).await;
 
-        let challenger = AcquireRequest::new(key.clone(), ttl, default_drift_allowance(ttl));
+        let challenger = AcquireRequest::new(
+            key.clone(),
+            ttl,
+            default_drift_allowance(ttl),
+            Renewal::Manual,
+        );
         assert!(
             rival.try_acquire(&challenger).await.unwrap().is_none(),
             "a rival formed a majority while the lease was held"
@@ -554,6 +639,9 @@ mod tests {
             .unwrap()
             .expect("the lock is gone");
         assert_eq!(held.lease_id, request.lease_id());
-        assert!(holder.release(&key, request.lease_id()).await.unwrap());
+        assert_eq!(
+            holder.release(&key, request.lease_id()).await.unwrap(),
+            Ownership::Held
+        );
     }
 }

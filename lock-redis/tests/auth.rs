@@ -6,7 +6,8 @@ mod support;
 
 use std::time::Duration;
 
-use lock_core::{backend::AcquireRequest, default_drift_allowance, ErrorKind, LockKey};
+use lock_core::backend::{default_drift_allowance, AcquireRequest};
+use lock_core::{ErrorKind, LockKey, Renewal};
 use support::start_redis;
 
 const PASSWORD: &str = "s3cret-Pw";
@@ -37,6 +38,7 @@ async fn wrong_or_missing_password_is_permission_denied_and_never_shown() {
         LockKey::new("k").unwrap(),
         ttl,
         default_drift_allowance(ttl),
+        Renewal::Manual,
     );
     let anonymous = lock_redis::connect(&format!("redis://{addr}/0")).await;
     let err = match anonymous {
@@ -97,6 +99,7 @@ async fn reserved_characters_in_credentials_authenticate_when_percent_encoded() 
         LockKey::new("reserved").unwrap(),
         ttl,
         default_drift_allowance(ttl),
+        Renewal::Manual,
     );
     assert!(backend.try_acquire(&request).await.unwrap().is_some());
     assert!(!format!("{backend:?}").contains(SECRET));

@@ -3,5 +3,9 @@
 mod support;
 
 fn main() -> std::process::ExitCode {
-    conformance_tests::run_suite(|| async { Ok(vec![support::RedisFactory::redlock().await?]) })
+    conformance_tests::run_suite(|| async {
+        Ok(vec![
+            conformance_tests::ServerFactory::start(support::REDLOCK).await?,
+        ])
+    })
 }

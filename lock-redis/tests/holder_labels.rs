@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use conformance_tests::eventually;
 use lock_core::backend::{AcquireRequest, DynBackend};
-use lock_core::{LeaseId, LockClient, LockKey};
+use lock_core::{LeaseId, LockClient, LockKey, Renewal};
 use support::{
     lock_key, raw, redis_url, redlock_url, start_redis, start_redis_nodes, REDLOCK_NODES,
 };
@@ -27,7 +27,7 @@ fn key(name: &str) -> String {
 /// A labelled lock shows its label, an unlabelled one none; a takeover of an expired
 /// labelled lease by an unlabelled one does not keep the old label.
 async fn labels_are_kept_and_replaced(backend: DynBackend) {
-    let client = LockClient::from_dyn(backend.clone());
+    let client = LockClient::new(backend.clone());
     let name = key("kept");
     let guard = client.lock(&name).holder_label(LABEL).await.unwrap();
     let status = client.inspect(&name).await.unwrap().expect("held");
@@ -40,8 +40,13 @@ async fn labels_are_kept_and_replaced(backend: DynBackend) {
     guard.release().await.unwrap();
 
     let key = LockKey::new(&name).unwrap();
-    let short = AcquireRequest::new(key.clone(), Duration::from_millis(100), Duration::ZERO)
-        .with_holder_label(Some(Arc::from("short-lived")));
+    let short = AcquireRequest::new(
+        key.clone(),
+        Duration::from_millis(100),
+        Duration::ZERO,
+        Renewal::Manual,
+    )
+    .with_holder_label(Some(Arc::from("short-lived")));
     backend.try_acquire(&short).await.unwrap().expect("free");
     eventually(
         Duration::from_secs(5),
@@ -94,6 +99,7 @@ async fn an_unlabelled_entry_of_an_older_version_still_works() {
     assert!(backend
         .renew(&key, lease, Duration::from_secs(60))
         .await
-        .unwrap());
-    assert!(backend.release(&key, lease).await.unwrap());
+        .unwrap()
+        .is_held());
+    assert!(backend.release(&key, lease).await.unwrap().is_held());
 }

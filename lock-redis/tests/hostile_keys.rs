@@ -7,10 +7,9 @@ mod support;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use lock_core::{
-    backend::{AcquireRequest, LockBackendExt},
-    default_drift_allowance, LockKey,
-};
+use lock_core::backend::{default_drift_allowance, AcquireRequest, LockBackendExt};
+use lock_core::LockKey;
+use lock_core::Renewal;
 use support::{redis_url, start_redis};
 
 const HOSTILE: &[&str] = &[
@@ -51,7 +50,7 @@ async fn hostile_keys_are_distinct_locks_with_safe_redis_keys() {
     let mut leases = Vec::new();
     for name in HOSTILE {
         let key = LockKey::new(format!("{prefix}{name}")).unwrap();
-        let request = AcquireRequest::new(key, ttl, default_drift_allowance(ttl));
+        let request = AcquireRequest::new(key, ttl, default_drift_allowance(ttl), Renewal::Manual);
         let lease = backend.acquire_once(&request, ttl).await.unwrap();
         leases.push(lease);
     }
@@ -137,13 +136,21 @@ async fn hostile_keys_are_distinct_locks_with_safe_redis_keys() {
 
     // Releasing one leaves every other held.
     let (first, rest) = leases.split_first().unwrap();
-    assert!(backend.release(first.key(), first.id()).await.unwrap());
+    assert!(backend
+        .release(first.key(), first.id())
+        .await
+        .unwrap()
+        .is_held());
     for lease in rest {
         let info = backend.inspect(lease.key()).await.unwrap().unwrap();
         assert_eq!(info.lease_id, lease.id(), "{:?}", lease.key());
     }
     for lease in rest {
-        assert!(backend.release(lease.key(), lease.id()).await.unwrap());
+        assert!(backend
+            .release(lease.key(), lease.id())
+            .await
+            .unwrap()
+            .is_held());
     }
     assert!(support::stored_keys(&url, &prefix)
         .await

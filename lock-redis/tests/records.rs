@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use conformance_tests::{eventually, Failure};
 use lock_core::backend::{AcquireRequest, LockBackend, Record};
-use lock_core::{LeaseId, LockKey};
+use lock_core::{LeaseId, LockKey, Renewal};
 use support::{connect, lock_key, raw, redis_url, start_redis};
 
 #[tokio::test]
@@ -18,8 +18,13 @@ async fn a_record_sits_beside_its_lock_and_expires_on_the_server() {
     let backend = connect(&redis_url(server.addr(), "")).await;
     let key = LockKey::new(format!("records/{}", LeaseId::random())).unwrap();
     let lease = LeaseId::random();
-    let request = AcquireRequest::new(key.clone(), Duration::from_secs(30), Duration::ZERO)
-        .with_lease_id(lease);
+    let request = AcquireRequest::new(
+        key.clone(),
+        Duration::from_secs(30),
+        Duration::ZERO,
+        Renewal::Manual,
+    )
+    .with_lease_id(lease);
     let token = backend
         .try_acquire(&request)
         .await
@@ -35,8 +40,9 @@ async fn a_record_sits_beside_its_lock_and_expires_on_the_server() {
     assert!(backend
         .write_record(&key, lease, &record, retention)
         .await
-        .unwrap());
-    assert!(backend.release(&key, lease).await.unwrap());
+        .unwrap()
+        .is_held());
+    assert!(backend.release(&key, lease).await.unwrap().is_held());
 
     let record_key = format!("{}:record", lock_key("distlock:", key.as_str()));
     let pttl: i64 = redis::cmd("PTTL")

@@ -11,10 +11,8 @@ use std::time::{Duration, Instant};
 use conformance_tests::proxy::{ProxyMode, TcpFaultProxy};
 use conformance_tests::{eventually, within, Failure};
 use futures_util::{FutureExt, StreamExt};
-use lock_core::{
-    backend::{AcquireRequest, DynBackend, LockBackend},
-    default_drift_allowance, ErrorKind, FencingToken, LeaseId, LockKey,
-};
+use lock_core::backend::{default_drift_allowance, AcquireRequest, DynBackend, LockBackend};
+use lock_core::{ErrorKind, FencingToken, LeaseId, LockKey, Renewal};
 use lock_redis::{RedisConfig, RedlockBackend};
 use support::{entry, lock_key, proxies, raw, redlock_url, start_redis_nodes, REDLOCK_NODES};
 
@@ -30,6 +28,7 @@ fn request(key: &str, ttl: Duration) -> AcquireRequest {
         LockKey::new(key).unwrap(),
         ttl,
         default_drift_allowance(ttl),
+        Renewal::Manual,
     )
 }
 
@@ -79,7 +78,8 @@ async fn acquire_succeeds_exactly_with_a_reachable_majority() {
             assert!(backend
                 .release(request.key(), request.lease_id())
                 .await
-                .unwrap());
+                .unwrap()
+                .is_held());
         } else {
             let err = outcome.unwrap_err();
             assert_eq!(err.kind(), ErrorKind::Unavailable, "mask {mask:05b}: {err}");
@@ -108,11 +108,13 @@ async fn one_node_frozen_mid_acquire() {
                     assert!(backend
                         .renew(request.key(), request.lease_id(), TTL)
                         .await
-                        .unwrap());
+                        .unwrap()
+                        .is_held());
                     assert!(backend
                         .release(request.key(), request.lease_id())
                         .await
-                        .unwrap());
+                        .unwrap()
+                        .is_held());
                 }
             }
             tokens
@@ -171,7 +173,8 @@ async fn tokens_increase_across_differing_majorities() {
             assert!(backend
                 .release(request.key(), request.lease_id())
                 .await
-                .unwrap());
+                .unwrap()
+                .is_held());
         }
     }
     cut(&proxies, 0);
@@ -370,7 +373,8 @@ async fn a_clean_up_that_lands_late_spares_the_next_attempts_grant() {
     assert!(backend
         .release(request.key(), request.lease_id())
         .await
-        .unwrap());
+        .unwrap()
+        .is_held());
 }
 
 /// L8: an attempt that took a minority and gave up (the `try_lock` case) cleans up after
@@ -439,7 +443,8 @@ async fn a_failed_attempts_clean_up_wakes_no_one() {
     assert!(backend
         .release(taken.key(), taken.lease_id())
         .await
-        .unwrap());
+        .unwrap()
+        .is_held());
 
     let first = within(Duration::from_secs(5), "a message", messages.next())
         .await
@@ -463,7 +468,11 @@ async fn one_release_wakes_one_waiter_of_a_client() {
     assert!(holder.try_acquire(&taken).await.unwrap().is_some());
     let mut first = waiters.watch(taken.key()).await.unwrap().unwrap();
     let mut second = waiters.watch(taken.key()).await.unwrap().unwrap();
-    assert!(holder.release(taken.key(), taken.lease_id()).await.unwrap());
+    assert!(holder
+        .release(taken.key(), taken.lease_id())
+        .await
+        .unwrap()
+        .is_held());
     within(Duration::from_secs(5), "the first waiter", first.changed())
         .await
         .unwrap()
@@ -532,7 +541,8 @@ async fn a_node_reconnects_when_connecting_takes_longer_than_the_node_timeout() 
     assert!(direct
         .release(warm_up.key(), warm_up.lease_id())
         .await
-        .unwrap());
+        .unwrap()
+        .is_held());
     let link = ProxyMode::Delay(Duration::from_millis(60));
     for proxy in &proxies {
         proxy.set_mode(link);
@@ -548,7 +558,7 @@ async fn a_node_reconnects_when_connecting_takes_longer_than_the_node_timeout() 
                 .await
                 .is_ok_and(|t| t.is_some());
             if granted {
-                backend.release(request.key(), request.lease_id()).await?;
+                let _ = backend.release(request.key(), request.lease_id()).await?;
             }
             Ok::<_, Failure>(granted)
         }
@@ -593,7 +603,8 @@ async fn tokens_keep_increasing_after_every_node_restarts() {
         assert!(backend
             .release(request.key(), request.lease_id())
             .await
-            .unwrap());
+            .unwrap()
+            .is_held());
     }
     for server in &mut servers {
         server.restart().await.unwrap();
@@ -620,7 +631,7 @@ async fn tokens_keep_increasing_after_every_node_restarts() {
         after > before,
         "token {after} after the restarts is not above {before} from before them"
     );
-    backend
+    let _ = backend
         .release(request.key(), request.lease_id())
         .await
         .unwrap();

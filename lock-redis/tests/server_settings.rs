@@ -8,7 +8,8 @@ mod support;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use lock_core::{backend::AcquireRequest, default_drift_allowance, Error, ErrorKind, LockKey};
+use lock_core::backend::{default_drift_allowance, AcquireRequest};
+use lock_core::{Error, ErrorKind, LockKey, Renewal};
 use support::{config_set, raw, redis_url, redlock_url, start_redis, start_redis_nodes};
 
 fn request(name: &str) -> AcquireRequest {
@@ -18,6 +19,7 @@ fn request(name: &str) -> AcquireRequest {
         LockKey::new(key).unwrap(),
         ttl,
         default_drift_allowance(ttl),
+        Renewal::Manual,
     )
 }
 
@@ -104,7 +106,8 @@ async fn a_restricted_acl_user_locks_and_releases() {
     assert!(backend
         .release(request.key(), request.lease_id())
         .await
-        .unwrap());
+        .unwrap()
+        .is_held());
     assert_eq!(backend.inspect(request.key()).await.unwrap(), None);
 }
 

@@ -6,11 +6,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use lock_core::backend::async_trait;
 use lock_core::backend::{
     finish_if_dropped, lock_unpoisoned, AcquireRequest, Grant, HolderInfo, KeyWatch, LeaseRenewal,
-    LockBackend, Record,
+    LockBackend, Ownership, Record,
 };
-use lock_core::{async_trait, Capabilities, Error, ErrorKind, LeaseId, Liveness, LockKey, Result};
+use lock_core::{Capabilities, Error, ErrorKind, LeaseId, Liveness, LockKey, Result};
 
 use crate::config::{Dialect, SqlConfig};
 #[cfg(feature = "mysql")]
@@ -263,8 +264,9 @@ impl SqlBackend {
             .map(postgres::Listener::notifier)
     }
 
+    /// A store TTL (already rounded up to whole milliseconds by the core) in milliseconds.
     fn ttl_ms(&self, ttl: Duration) -> Result<i64> {
-        i64::try_from(self.inner.capabilities.store_ttl(ttl).as_millis())
+        i64::try_from(ttl.as_millis())
             .map_err(|_| Error::new(ErrorKind::InvalidInput, format!("TTL {ttl:?} is too large")))
     }
 }
@@ -281,7 +283,7 @@ impl Inner {
         Some((ops, self.listener.as_ref()?))
     }
 
-    async fn release(self: Arc<Self>, key: LockKey, lease_id: LeaseId) -> Result<bool> {
+    async fn release(self: Arc<Self>, key: LockKey, lease_id: LeaseId) -> Result<Ownership> {
         self.in_flight.wait_for(lease_id).await;
         let released = on_store!(&self.store, ops => ops.release(&key, lease_id).await)?;
         #[cfg(feature = "postgres")]
@@ -295,7 +297,7 @@ impl Inner {
             });
         }
         self.count_write().await;
-        Ok(released == Some(true))
+        Ok(released.unwrap_or(Ownership::NotHeld))
     }
 
     /// Counts a release or record write, and sweeps expired rows every [`SWEEP_EVERY`].
@@ -313,7 +315,7 @@ impl Inner {
         lease_id: LeaseId,
         record: Record,
         retention_ms: i64,
-    ) -> Result<bool> {
+    ) -> Result<Ownership> {
         let written = on_store!(
             &self.store,
             ops => ops.write_record(&key, lease_id, &record, retention_ms).await
@@ -342,7 +344,7 @@ impl LockBackend for SqlBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
-        let ttl_ms = self.ttl_ms(request.ttl())?;
+        let ttl_ms = self.ttl_ms(request.store_ttl())?;
         let lease_id = request.lease_id();
         let running = self.inner.in_flight.start(lease_id).await;
         // Runs to completion even if the caller gives up, then opens the gate.
@@ -360,7 +362,7 @@ impl LockBackend for SqlBackend {
         .await
     }
 
-    async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
+    async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<Ownership> {
         let ttl_ms = self.ttl_ms(ttl)?;
         let inner = Arc::clone(&self.inner);
         let key = key.clone();
@@ -372,7 +374,12 @@ impl LockBackend for SqlBackend {
         .await
     }
 
-    async fn expire_in(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
+    async fn expire_in(
+        &self,
+        key: &LockKey,
+        lease_id: LeaseId,
+        ttl: Duration,
+    ) -> Result<Ownership> {
         let ttl_ms = self.ttl_ms(ttl)?;
         let inner = Arc::clone(&self.inner);
         let key = key.clone();
@@ -383,7 +390,7 @@ impl LockBackend for SqlBackend {
         .await
     }
 
-    async fn renew_many(&self, leases: &[LeaseRenewal]) -> Vec<Result<bool>> {
+    async fn renew_many(&self, leases: &[LeaseRenewal]) -> Vec<Result<Ownership>> {
         let batch: Result<Vec<_>> = leases
             .iter()
             .map(|lease| Ok((lease.key.clone(), lease.lease_id, self.ttl_ms(lease.ttl)?)))
@@ -404,7 +411,7 @@ impl LockBackend for SqlBackend {
         }
     }
 
-    async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
+    async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<Ownership> {
         finish_if_dropped(Arc::clone(&self.inner).release(key.clone(), lease_id)).await
     }
 
@@ -443,7 +450,7 @@ impl LockBackend for SqlBackend {
         lease_id: LeaseId,
         record: &Record,
         retention: Duration,
-    ) -> Result<bool> {
+    ) -> Result<Ownership> {
         let retention_ms = Record::retention_millis(retention)?;
         let write = Arc::clone(&self.inner).write_record(
             key.clone(),

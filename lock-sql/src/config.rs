@@ -1,9 +1,11 @@
 //! Connection settings, parsed from a URL or built in code.
 
 use std::fmt;
+use std::num::NonZeroU32;
 use std::time::Duration;
 
-use lock_core::{redact_url, Error, ErrorKind, Result, StoreUrl};
+use lock_core::backend::StoreUrl;
+use lock_core::{Error, ErrorKind, Result};
 
 /// The SQL dialect a URL selects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -24,15 +26,6 @@ impl Dialect {
             Dialect::Sqlite => "sqlite",
             Dialect::Postgres => "postgres",
             Dialect::MySql => "mysql",
-        }
-    }
-
-    fn from_scheme(scheme: &str) -> Option<Self> {
-        match scheme {
-            "sqlite" => Some(Dialect::Sqlite),
-            "postgres" | "postgresql" => Some(Dialect::Postgres),
-            "mysql" | "mariadb" => Some(Dialect::MySql),
-            _ => None,
         }
     }
 
@@ -167,8 +160,9 @@ enum Location {
     },
 }
 
-/// The URL schemes [`SqlConfig::from_url`] accepts.
-pub const SCHEMES: &[&str] = &["sqlite", "postgres", "postgresql", "mysql", "mariadb"];
+/// The URL schemes [`SqlConfig::from_url`] accepts (each dialect served only with its
+/// cargo feature).
+pub(crate) const SCHEMES: &[&str] = &["sqlite", "postgres", "postgresql", "mysql", "mariadb"];
 
 const DEFAULT_TABLE: &str = "distlock_locks";
 const MAX_TABLE_LEN: usize = 48;
@@ -182,87 +176,66 @@ impl SqlConfig {
     /// Reserved characters (`/ ? # @ : %`) in the user name or password must be
     /// percent-encoded. Errors show the URL with its password hidden.
     pub fn from_url(url: &str) -> Result<Self> {
-        let scheme = url
-            .split_once("://")
-            .map(|(scheme, _)| scheme.to_ascii_lowercase())
-            .ok_or_else(|| {
-                Error::new(
-                    ErrorKind::InvalidInput,
-                    format!(
-                        "database URL {}: no scheme (expected e.g. sqlite:// or postgres://)",
-                        redact_url(url)
-                    ),
-                )
-            })?;
-        let dialect = Dialect::from_scheme(&scheme).ok_or_else(|| {
-            Error::new(
-                ErrorKind::InvalidInput,
-                format!(
-                    "database URL {}: unsupported scheme {scheme:?}",
-                    redact_url(url)
-                ),
-            )
-        })?;
-        let mut parsed = match dialect {
-            Dialect::Sqlite => StoreUrl::parse_file(url)?,
-            Dialect::Postgres | Dialect::MySql => StoreUrl::parse(url)?,
+        let mut url = StoreUrl::parse_either(url, &["sqlite"])?;
+        let dialect = match url.expect_scheme(SCHEMES)? {
+            "sqlite" => Dialect::Sqlite,
+            "postgres" | "postgresql" => Dialect::Postgres,
+            _ => Dialect::MySql,
         };
-        let positive = "a positive integer";
         let mut config = SqlConfig {
             dialect,
             location: Location::File(String::new()),
-            table: parsed
+            table: url
                 .take_param("table")
                 .unwrap_or_else(|| DEFAULT_TABLE.to_owned()),
-            pool_size: parsed
-                .take_parsed::<std::num::NonZeroU32>("pool_size", positive)?
-                .map_or(10, |n| n.get()),
-            connect_timeout: millis(&mut parsed, "connect_timeout_ms")?
+            pool_size: url
+                .take_parsed::<NonZeroU32>("pool_size", "a positive integer")?
+                .map_or(10, NonZeroU32::get),
+            connect_timeout: url
+                .take_millis("connect_timeout_ms")?
                 .unwrap_or(Duration::from_secs(5)),
-            statement_timeout: millis(&mut parsed, "statement_timeout_ms")?
+            statement_timeout: url
+                .take_millis("statement_timeout_ms")?
                 .unwrap_or(Duration::from_secs(10)),
             sqlite_synchronous: SqliteSynchronous::default(),
         };
         validate_table(&config.table)?;
         config.location = match dialect {
             Dialect::Sqlite => {
-                if let Some(value) = parsed.take_param("synchronous") {
-                    config.sqlite_synchronous = match value.to_ascii_lowercase().as_str() {
-                        "normal" => SqliteSynchronous::Normal,
-                        "full" => SqliteSynchronous::Full,
-                        _ => return Err(parsed.error("synchronous must be normal or full")),
-                    };
-                }
-                parsed.finish()?;
-                let path = parsed.path();
+                let synchronous = [
+                    ("normal", SqliteSynchronous::Normal),
+                    ("full", SqliteSynchronous::Full),
+                ];
+                config.sqlite_synchronous = url
+                    .take_choice("synchronous", &synchronous)?
+                    .unwrap_or_default();
+                url.finish()?;
+                let path = url.path();
                 if path.is_empty() || path.starts_with(':') {
-                    return Err(parsed.error(
+                    return Err(url.error(
                         "no database file (an in-memory SQLite database cannot be shared)",
                     ));
                 }
                 Location::File(path.to_owned())
             }
             Dialect::Postgres | Dialect::MySql => {
-                let password = parsed
+                let password = url
                     .take_param("password")
-                    .or_else(|| parsed.password().map(str::to_owned));
-                for (name, value) in parsed.query() {
+                    .or_else(|| url.password().map(str::to_owned));
+                for (name, value) in url.query() {
                     if let Some(why) = dialect.refuses(name, value) {
-                        return Err(parsed.error(&format!("{name}: {why}")));
+                        return Err(url.error(&format!("{name}: {why}")));
                     }
                     let known = dialect.passed_on().contains(&name.as_str())
                         || (dialect == Dialect::Postgres && name.starts_with("options["));
                     if !known {
-                        return Err(parsed.unknown_option(name));
+                        return Err(url.unknown_option(name));
                     }
                 }
-                if parsed.hosts().len() != 1 {
-                    return Err(parsed.error("exactly one host is needed"));
+                if url.hosts().len() != 1 {
+                    return Err(url.error("exactly one host is needed"));
                 }
-                Location::Server {
-                    url: parsed,
-                    password,
-                }
+                Location::Server { url, password }
             }
         };
         Ok(config)
@@ -290,13 +263,6 @@ impl SqlConfig {
             Location::File(_) => None,
         }
     }
-}
-
-/// A `..._ms` parameter as a positive duration.
-fn millis(url: &mut StoreUrl, name: &str) -> Result<Option<Duration>> {
-    Ok(url
-        .take_parsed::<std::num::NonZeroU64>(name, "a positive integer")?
-        .map(|ms| Duration::from_millis(ms.get())))
 }
 
 impl fmt::Debug for SqlConfig {

@@ -4,14 +4,14 @@ use lock_core::{Error, ErrorKind};
 
 use crate::config::Dialect;
 
-/// Maps a driver error into a core error; `doing` says what was being attempted.
+/// `err`, met while doing `doing` on a `dialect` database, as a distlock error.
 ///
-/// Messages never include the connection URL: they name the operation and what to fix,
-/// and a configuration error (which may quote the URL it refers to) is not attached as
-/// the source.
-pub(crate) fn map(dialect: Dialect, doing: &str, err: sqlx::Error) -> Error {
+/// Messages never include the connection URL: they name the database, the operation and
+/// what to fix, and a configuration error (which may quote the URL it refers to) is not
+/// attached as the source.
+pub(crate) fn into_error(err: sqlx::Error, doing: &str, dialect: Dialect) -> Error {
     let (kind, what) = classify(dialect, &err);
-    let error = Error::new(kind, format!("{doing} failed: {what}"));
+    let error = Error::store(dialect.name(), doing, kind).hint(what);
     match err {
         sqlx::Error::Configuration(_) => error,
         _ => error.with_source(err),

@@ -26,7 +26,27 @@ mod dialect;
 mod error;
 
 pub use backend::SqlBackend;
-pub use config::{Dialect, SqlConfig, SqliteSynchronous, SCHEMES};
+pub use config::{Dialect, SqlConfig, SqliteSynchronous};
+
+/// This crate in a table of stores (the `distlock` facade's): the schemes of the dialects
+/// this build has (`sqlite`, `postgres` and `postgresql`, `mysql` and `mariadb`),
+/// connected with [`connect`].
+pub const STORE: lock_core::backend::Store =
+    lock_core::backend::Store::new("sql", SERVED, |url| Box::pin(connect(url)));
+
+/// The schemes this build serves: those of the dialects whose feature is on.
+const SERVED: &[&str] = &[
+    #[cfg(feature = "sqlite")]
+    "sqlite",
+    #[cfg(feature = "postgres")]
+    "postgres",
+    #[cfg(feature = "postgres")]
+    "postgresql",
+    #[cfg(feature = "mysql")]
+    "mysql",
+    #[cfg(feature = "mysql")]
+    "mariadb",
+];
 
 /// Connects to the database `url` names and creates the lock table if missing.
 ///
@@ -40,7 +60,7 @@ pub use config::{Dialect, SqlConfig, SqliteSynchronous, SCHEMES};
 /// [`PermissionDenied`](lock_core::ErrorKind::PermissionDenied), a missing database or a
 /// table of another shape [`Misconfigured`](lock_core::ErrorKind::Misconfigured).
 ///
-/// Every backend crate connects the same way: `SCHEMES`, `connect(url)` and
+/// Every backend crate connects the same way: [`STORE`], `connect(url)` and
 /// [`connect_with`] for a configuration built in code, each giving a shareable backend.
 pub async fn connect(url: &str) -> lock_core::Result<lock_core::backend::DynBackend> {
     connect_with(&SqlConfig::from_url(url)?).await

@@ -1,13 +1,11 @@
 //! The conformance suite on a private PostgreSQL server started for the run.
 
-use conformance_tests::run_suite;
-
 mod support;
 
 fn main() -> std::process::ExitCode {
-    run_suite(|| async {
+    conformance_tests::run_suite(|| async {
         Ok(vec![
-            support::Database::postgres().await?.into_factory().await?,
+            conformance_tests::ServerFactory::start(support::POSTGRES).await?,
         ])
     })
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use conformance_tests::eventually;
 use lock_core::backend::{AcquireRequest, LockBackend};
-use lock_core::{LeaseId, LockClient, LockKey};
+use lock_core::{LeaseId, LockClient, LockKey, Renewal};
 use lock_sql::SqlBackend;
 
 mod raw_connection;
@@ -55,7 +55,7 @@ async fn a_takeover_replaces_the_label(db: Database) {
     let key = LockKey::new(key("takeover")).unwrap();
     let short = Duration::from_millis(50);
     let acquire = |label: Option<&str>, ttl: Duration| {
-        let request = AcquireRequest::new(key.clone(), ttl, Duration::ZERO)
+        let request = AcquireRequest::new(key.clone(), ttl, Duration::ZERO, Renewal::Manual)
             .with_holder_label(label.map(Arc::from));
         let backend = backend.clone();
         async move {
@@ -84,7 +84,11 @@ async fn a_takeover_replaces_the_label(db: Database) {
     acquire(None, Duration::from_secs(60)).await;
     let info = backend.inspect(&key).await.unwrap().expect("held");
     assert_eq!(info.holder, None, "the previous holder's label stayed");
-    assert!(backend.release(&key, info.lease_id).await.unwrap());
+    assert!(backend
+        .release(&key, info.lease_id)
+        .await
+        .unwrap()
+        .is_held());
 }
 
 /// A lock table made before the label column existed (the column dropped here) gets it

@@ -11,8 +11,8 @@
 use std::time::Duration;
 
 use conformance_tests::{eventually, within, Failure};
-use lock_core::backend::{AcquireRequest, LockBackend, Record};
-use lock_core::{FencingToken, LeaseId, LockKey};
+use lock_core::backend::{AcquireRequest, LockBackend, Ownership, Record};
+use lock_core::{FencingToken, LeaseId, LockKey, Renewal};
 
 mod raw_connection;
 mod support;
@@ -37,7 +37,8 @@ fn record(value: &[u8], token: FencingToken) -> Record {
 /// Grants `key` to a new lease for `ttl`; answers the lease and its token.
 async fn hold(backend: &impl LockBackend, key: &LockKey, ttl: Duration) -> (LeaseId, FencingToken) {
     let lease = LeaseId::random();
-    let request = AcquireRequest::new(key.clone(), ttl, Duration::ZERO).with_lease_id(lease);
+    let request =
+        AcquireRequest::new(key.clone(), ttl, Duration::ZERO, Renewal::Manual).with_lease_id(lease);
     let grant = backend
         .try_acquire(&request)
         .await
@@ -78,7 +79,11 @@ async fn a_write_racing_a_takeover_waits_and_is_refused(db: Database) {
         .unwrap()
         .unwrap()
         .unwrap();
-    assert!(!written, "a write that waited for a takeover was accepted");
+    assert_eq!(
+        written,
+        Ownership::NotHeld,
+        "a write that waited for a takeover was accepted"
+    );
     assert_eq!(backend.read_record(&key).await.unwrap(), None);
 }
 
@@ -102,7 +107,11 @@ async fn an_expired_lease_whose_row_remains_cannot_write(db: Database) {
         .write_record(&key, lease, &record(b"late", token), LONG)
         .await
         .unwrap();
-    assert!(!written, "an expired lease wrote a record");
+    assert_eq!(
+        written,
+        Ownership::NotHeld,
+        "an expired lease wrote a record"
+    );
     assert_eq!(backend.read_record(&key).await.unwrap(), None);
 }
 
@@ -117,8 +126,9 @@ async fn expired_records_are_swept_and_live_ones_kept(db: Database) {
         assert!(backend
             .write_record(key, lease, &record(b"done", token), retention)
             .await
-            .unwrap());
-        assert!(backend.release(key, lease).await.unwrap());
+            .unwrap()
+            .is_held());
+        assert!(backend.release(key, lease).await.unwrap().is_held());
     }
     eventually(
         Duration::from_secs(5),
@@ -137,7 +147,8 @@ async fn expired_records_are_swept_and_live_ones_kept(db: Database) {
             backend
                 .write_record(&brief, lease, &record(b"again", token), LONG)
                 .await
-                .unwrap(),
+                .unwrap()
+                .is_held(),
             "the {attempt} write of the same record was refused"
         );
     }

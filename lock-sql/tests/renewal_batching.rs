@@ -139,7 +139,8 @@ async fn renewals_are_batched(db: Database) {
     assert!(backend
         .release(forgotten.key(), forgotten.lease().id())
         .await
-        .unwrap());
+        .unwrap()
+        .is_held());
     let (before_batched, before_single) = (log.count(&batched), log.count(&single));
     let started = Instant::now();
     within(TTL + SLACK, "the forgotten lease is lost", forgotten.lost())

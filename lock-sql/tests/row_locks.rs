@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use conformance_tests::{eventually, within, Failure, FaultyBackend, Op, SLACK};
 use lock_core::backend::{AcquireRequest, LockBackend};
-use lock_core::{AcquireOptions, ErrorKind, FencingToken, LeaseId, LockClient, LockKey};
+use lock_core::{AcquireOptions, ErrorKind, FencingToken, LeaseId, LockClient, LockKey, Renewal};
 use sqlx::Row;
 
 mod raw_connection;
@@ -33,7 +33,7 @@ fn key(name: &str) -> LockKey {
 }
 
 fn request(key: &LockKey, ttl: Duration, lease: LeaseId) -> AcquireRequest {
-    AcquireRequest::new(key.clone(), ttl, DRIFT).with_lease_id(lease)
+    AcquireRequest::new(key.clone(), ttl, DRIFT, Renewal::Manual).with_lease_id(lease)
 }
 
 /// One acquisition attempt in a task of its own (it may wait on a lock the test holds).
@@ -99,7 +99,7 @@ async fn grant_after_a_long_lock_wait_is_not_born_expired(db: Database) {
         .unwrap()
         .expect("a grant returned after a long lock wait was already expired");
     assert_eq!(info.lease_id, lease);
-    backend.release(&key, lease).await.unwrap();
+    let _ = backend.release(&key, lease).await.unwrap();
 }
 
 /// MariaDB's insert of a new key waits for the token counter (another transaction holds
@@ -133,7 +133,7 @@ async fn grant_after_a_long_counter_wait_is_not_handed_out_expired(db: Database)
         Err(err) => assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}"),
         Ok(None) => panic!("a free key was not granted"),
     }
-    backend.release(&key, lease).await.unwrap();
+    let _ = backend.release(&key, lease).await.unwrap();
 }
 
 /// PostgreSQL: an acquire waits for the row of an expired lease while, under that row's
@@ -173,7 +173,7 @@ async fn takeover_token_is_drawn_under_the_row_lock(db: Database) {
         token.get() > rival_token as u64,
         "takeover token {token:?} is not above the rival's {rival_token}, granted before it"
     );
-    backend.release(&key, lease).await.unwrap();
+    let _ = backend.release(&key, lease).await.unwrap();
 }
 
 /// A retried grant of the same lease with a shorter TTL (an older attempt landing after
@@ -204,13 +204,14 @@ async fn regrant_and_renewal_never_shorten_the_expiry(db: Database) {
     assert!(backend
         .renew(&key, lease, Duration::from_millis(50))
         .await
-        .unwrap());
+        .unwrap()
+        .is_held());
     let left = remaining(backend.inspect(&key).await.unwrap());
     assert!(
         left > long / 2,
         "the renewal shortened the expiry to {left:?}"
     );
-    assert!(backend.release(&key, lease).await.unwrap());
+    assert!(backend.release(&key, lease).await.unwrap().is_held());
 }
 
 /// An acquisition is given up while its statement waits for the key's row, locked by
@@ -230,7 +231,7 @@ async fn acquire_abandoned_in_a_row_lock_wait_leaves_nothing_held(db: Database) 
     // Short: on MariaDB the abandoned statement gives up on the row after one second (its
     // lock wait time-out), and both clean-up releases must be sent well before that.
     let request_timeout = Duration::from_millis(150);
-    let client = LockClient::from_dyn(faulty.clone()).with_defaults(AcquireOptions {
+    let client = LockClient::new(faulty.clone()).with_defaults(AcquireOptions {
         ttl: Duration::from_secs(60),
         request_timeout,
         ..AcquireOptions::default()
@@ -331,7 +332,7 @@ async fn contended_acquire_does_not_wait_out_a_row_lock(db: Database) {
     })
     .await
     .unwrap();
-    assert!(released.unwrap());
+    assert!(released.unwrap().is_held());
 }
 
 /// MariaDB: another transaction holds the token counter for longer than the request
@@ -440,7 +441,7 @@ async fn sweep_does_not_wait_for_live_rows(db: Database) {
         .unwrap();
     assert!(swept >= 1);
     other.run("COMMIT").await;
-    assert!(backend.release(&live, lease).await.unwrap());
+    assert!(backend.release(&live, lease).await.unwrap().is_held());
 }
 
 /// One test per scenario in a module per database: `postgres::NAME` runs `NAME` on a
@@ -502,7 +503,7 @@ async fn postgres_tokens_follow_grants_when_an_insert_stalls() {
         Ok(granted) => {
             let token = granted.unwrap().unwrap();
             // The rival holds the key and lets it go while the other acquire is stalled.
-            backend.release(&key, rival_lease).await.unwrap();
+            let _ = backend.release(&key, rival_lease).await.unwrap();
             token
         }
         Err(_) => None,
@@ -526,7 +527,7 @@ async fn postgres_tokens_follow_grants_when_an_insert_stalls() {
         .unwrap()
         .unwrap_or(None);
     assert_eq!(rival_later, None, "the rival was granted a held key");
-    backend.release(&key, stalled_lease).await.unwrap();
+    let _ = backend.release(&key, stalled_lease).await.unwrap();
 }
 
 /// Writes the row of an expired lease of `key` (another holder's, long gone) with the

@@ -124,7 +124,7 @@ async fn postgres_release_does_not_depend_on_notify() {
     let url = format!(
         "postgres://plain:plain-password@127.0.0.1:{port}/postgres?sslmode=disable&table=plain_locks"
     );
-    let client = LockClient::from_dyn(lock_sql::connect(&url).await.unwrap());
+    let client = LockClient::new(lock_sql::connect(&url).await.unwrap());
     let guard = client.lock("notify-refused").await.unwrap();
     guard.release().await.unwrap();
     assert_eq!(client.inspect("notify-refused").await.unwrap(), None);

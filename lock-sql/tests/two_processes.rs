@@ -50,7 +50,7 @@ async fn helper_process() {
     let url = std::env::var("DISTLOCK_HELPER_URL").unwrap();
     let key = std::env::var("DISTLOCK_HELPER_KEY").unwrap();
     let connect = || async {
-        LockClient::from_dyn(lock_sql::connect(&url).await.unwrap()).with_defaults(options())
+        LockClient::new(lock_sql::connect(&url).await.unwrap()).with_defaults(options())
     };
     match task.as_str() {
         "count" => {
@@ -137,7 +137,7 @@ async fn contend(db: &Database) {
     let key = format!("two-processes/{}", std::process::id());
     let (mut child, mut out) = spawn_helper("count", &db.url, &key, Some(&file));
     let client =
-        LockClient::from_dyn(lock_sql::connect(&db.url).await.unwrap()).with_defaults(options());
+        LockClient::new(lock_sql::connect(&db.url).await.unwrap()).with_defaults(options());
     let reader = tokio::task::spawn_blocking(move || {
         wait_line(&mut out, "READY");
         wait_line(&mut out, "DONE");
@@ -163,7 +163,7 @@ async fn killed_holder_frees_the_lock(db: &Database) {
         .unwrap();
     let old_token: u64 = held["HELD ".len()..].parse().unwrap();
     let client =
-        LockClient::from_dyn(lock_sql::connect(&db.url).await.unwrap()).with_defaults(options());
+        LockClient::new(lock_sql::connect(&db.url).await.unwrap()).with_defaults(options());
     let err = client.try_lock(&key).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::HeldByAnother);
     child.kill().unwrap();

@@ -2,25 +2,24 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use lock_core::backend::async_trait;
 use lock_core::backend::{
-    lock_unpoisoned as lock, AcquireRequest, Grant, HolderInfo, KeyWatch, LockBackend, Record,
-    SessionKeeper, Turn,
+    lock_unpoisoned as lock, unanswered, with_timeout, AcquireRequest, Grant, HolderInfo, KeyWatch,
+    LockBackend, Ownership, Record, SessionKeeper, Turn,
 };
 use lock_core::{
-    async_trait, Capabilities, Error, ErrorKind, FencingToken, LeaseId, Liveness, LockKey, Renewal,
-    Result,
+    Capabilities, Error, ErrorKind, FencingToken, LeaseId, Liveness, LockKey, Renewal, Result,
 };
-use tracing::Instrument;
-use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, MultiWriteError};
+use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError};
 
-use crate::config::{Layout, ZkConfig};
-use crate::error::from_zk;
-use crate::keys::{
-    contenders, decode_key, lock_parent, node_prefix, record_path, records_dir, Contender,
-};
+use crate::config::ZkConfig;
+use crate::error::into_error;
+use crate::keys::Layout;
+use crate::keys::{contenders, decode_key, lock_parent, node_prefix, Contender};
+use crate::records::{catch_up, Records};
 use crate::session::{connect, Sessions, ZkSession};
 use crate::watch::{Ahead, TurnWatch};
 
@@ -41,6 +40,8 @@ struct Inner {
     sessions: Sessions,
     capabilities: Capabilities,
     acls: Acls<'static>,
+    /// Idempotency records, beside the lock queues.
+    records: Records,
     /// The nodes this client created, by lease id.
     own: Mutex<HashMap<LeaseId, Own>>,
     /// Lease ids whose node creation got no answer, with the session it was sent in: the
@@ -116,15 +117,15 @@ impl ZkBackend {
                         "zookeeper: the chroot in the URL does not exist; create it first",
                     ))
                 }
-                Err(err) => return Err(from_zk(err, "creating the lock root")),
+                Err(err) => return Err(into_error(err, "creating the lock root")),
             }
             // Creating needs no read permission; every lookup does.
             control
                 .list_children(&config.root)
                 .await
-                .map_err(|err| from_zk(err, "reading the lock root"))?;
+                .map_err(|err| into_error(err, "reading the lock root"))?;
         }
-        let records = ttl_nodes_enabled(&control, &config.root, acls).await?;
+        let records = Records::ttl_nodes_enabled(&control, &config.root, acls).await?;
         if !records {
             tracing::warn!(
                 "zookeeper: the server refuses TTL nodes, so idempotent runs are refused; \
@@ -154,6 +155,7 @@ impl ZkBackend {
                     ..Capabilities::default()
                 },
                 sessions: Sessions::new(config.clone()),
+                records: Records::new(control.clone(), config.root.clone(), acls),
                 config: config.clone(),
                 control,
                 acls,
@@ -173,7 +175,7 @@ impl ZkBackend {
         let names = match control.list_children(root).await {
             Ok(names) => names,
             Err(ZkError::NoNode) => return Ok(Vec::new()),
-            Err(err) => return Err(from_zk(err, "listing the lock root")),
+            Err(err) => return Err(into_error(err, "listing the lock root")),
         };
         let keys: Vec<(String, String)> = names
             .into_iter()
@@ -187,7 +189,7 @@ impl ZkBackend {
                         Ok(Some(format!("{key}: {}", children.join(", "))))
                     }
                     Ok(_) | Err(ZkError::NoNode) => Ok(None),
-                    Err(err) => Err(from_zk(err, "listing a lock parent")),
+                    Err(err) => Err(into_error(err, "listing a lock parent")),
                 }
             })
             .buffer_unordered(128)
@@ -316,7 +318,7 @@ impl ZkBackend {
                 }))
             }
             Ok(Some(_)) => {
-                delete_node(client, &path).await?;
+                let _ = delete_node(client, &path).await?;
                 Ok(None)
             }
             Ok(None) => Ok(None),
@@ -336,9 +338,9 @@ impl ZkBackend {
                     client
                         .mkdir(above, &persistent)
                         .await
-                        .map_err(|err| from_zk(err, "creating the lock path"))?;
+                        .map_err(|err| into_error(err, "creating the lock path"))?;
                 }
-                Err(err) => return Err(from_zk(err, "creating the lock parent")),
+                Err(err) => return Err(into_error(err, "creating the lock parent")),
             }
         }
         Ok(())
@@ -397,7 +399,7 @@ impl ZkBackend {
     }
 
     /// Deletes `own`'s node (through its session while it lives) and forgets it.
-    async fn remove(&self, lease: LeaseId, own: &Own) -> Result<bool> {
+    async fn remove(&self, lease: LeaseId, own: &Own) -> Result<Ownership> {
         let client = own
             .session
             .client()
@@ -409,19 +411,19 @@ impl ZkBackend {
 
     /// Deletes the node an unanswered creation of `lease` may have left; `None` when no
     /// creation of it is unanswered.
-    async fn remove_unconfirmed(&self, key: &LockKey, lease: LeaseId) -> Result<Option<bool>> {
+    async fn remove_unconfirmed(&self, key: &LockKey, lease: LeaseId) -> Result<Option<Ownership>> {
         let Some(session) = lock(&self.inner.uncertain).remove(&lease) else {
             return Ok(None);
         };
         // A session that ended took its nodes with it.
         let Ok(client) = session.client() else {
-            return Ok(Some(false));
+            return Ok(Some(Ownership::NotHeld));
         };
         let parent = self.parent(key)?;
         let prefix = node_prefix(lease);
         let children = match client.list_children(&parent).await {
             Ok(children) => children,
-            Err(ZkError::NoNode) => return Ok(Some(false)),
+            Err(ZkError::NoNode) => return Ok(Some(Ownership::NotHeld)),
             Err(err) => {
                 // Still unresolved: the next release or retry looks again.
                 lock(&self.inner.uncertain).insert(lease, Arc::clone(&session));
@@ -429,7 +431,7 @@ impl ZkBackend {
             }
         };
         let Some(name) = children.into_iter().find(|name| name.starts_with(&prefix)) else {
-            return Ok(Some(false));
+            return Ok(Some(Ownership::NotHeld));
         };
         let deleted = delete_node(&client, &format!("{parent}/{name}")).await;
         if deleted.is_err() {
@@ -450,17 +452,14 @@ impl ZkBackend {
                 .find(|name| name.starts_with(&prefix))
                 .map(|name| format!("{parent}/{name}"))),
             Err(ZkError::NoNode) => Ok(None),
-            Err(err) => Err(from_zk(err, "reading the queue")),
+            Err(err) => Err(into_error(err, "reading the queue")),
         }
     }
 
     /// Catches the control session's server up with the leader, so what another session
     /// saw answered is seen through the control session too.
     async fn catch_up(&self, path: &str) -> Result<()> {
-        match self.inner.control.sync(path).await {
-            Ok(()) | Err(ZkError::NoNode) => Ok(()),
-            Err(err) => Err(from_zk(err, "syncing")),
-        }
+        catch_up(&self.inner.control, path).await
     }
 
     /// The holder of `parent`'s queue: its node, data and creation zxid.
@@ -471,7 +470,7 @@ impl ZkBackend {
             let children = match control.list_children(parent).await {
                 Ok(children) => children,
                 Err(ZkError::NoNode) => return Ok(None),
-                Err(err) => return Err(from_zk(err, "reading the queue")),
+                Err(err) => return Err(into_error(err, "reading the queue")),
             };
             let queue = contenders(children);
             let Some(first) = queue.first() else {
@@ -483,7 +482,7 @@ impl ZkBackend {
                 }
                 // Released meanwhile: look again.
                 Err(ZkError::NoNode) => continue,
-                Err(err) => return Err(from_zk(err, "reading the holder")),
+                Err(err) => return Err(into_error(err, "reading the holder")),
             }
         }
         Err(Error::new(
@@ -491,22 +490,7 @@ impl ZkBackend {
             "zookeeper: the holder kept changing while it was looked up",
         ))
     }
-}
 
-/// The outcome of one fenced record write.
-enum Written {
-    Done,
-    /// The caller's node is gone: it no longer holds.
-    NotHeld,
-    /// The record node exists already: replace it.
-    Exists,
-    /// The record node vanished (expired) before it could be replaced: create it.
-    Vanished,
-    /// The records directory is missing.
-    NoDirectory,
-}
-
-impl ZkBackend {
     /// The path of `lease`'s node in `key`'s queue if it is the first there (holds the
     /// lock), read after a sync with the leader.
     async fn holding_node(&self, key: &LockKey, lease: LeaseId) -> Result<Option<String>> {
@@ -522,7 +506,7 @@ impl ZkBackend {
         let children = match control.list_children(&parent).await {
             Ok(children) => children,
             Err(ZkError::NoNode) => return Ok(None),
-            Err(err) => return Err(from_zk(err, "reading the queue")),
+            Err(err) => return Err(into_error(err, "reading the queue")),
         };
         Ok(contenders(children)
             .into_iter()
@@ -530,104 +514,6 @@ impl ZkBackend {
             .filter(|first| first.name.starts_with(&prefix))
             .map(|first| format!("{parent}/{}", first.name)))
     }
-
-    /// One multi: `holder` still exists, and the record node is created (after deleting
-    /// the one there when `replace`), as a TTL node of `retention`.
-    async fn write_fenced(
-        &self,
-        holder: &str,
-        path: &str,
-        data: &[u8],
-        retention: Duration,
-        replace: bool,
-    ) -> Result<Written> {
-        let options = CreateMode::Persistent
-            .with_acls(self.inner.acls)
-            .with_ttl(retention);
-        let mut multi = self.inner.control.new_multi_writer();
-        let add =
-            |multi: &mut zookeeper_client::MultiWriter<'_>| -> std::result::Result<(), ZkError> {
-                multi.add_check_version(holder, -1)?;
-                if replace {
-                    multi.add_delete(path, None)?;
-                }
-                multi.add_create(path, data, &options)
-            };
-        add(&mut multi).map_err(|err| from_zk(err, "writing the record"))?;
-        match multi.commit().await {
-            Ok(_) => Ok(Written::Done),
-            Err(MultiWriteError::OperationFailed {
-                index: 0,
-                source: ZkError::NoNode,
-            }) => Ok(Written::NotHeld),
-            Err(MultiWriteError::OperationFailed {
-                source: ZkError::NodeExists,
-                ..
-            }) => Ok(Written::Exists),
-            Err(MultiWriteError::OperationFailed {
-                index: 1,
-                source: ZkError::NoNode,
-            }) if replace => Ok(Written::Vanished),
-            Err(MultiWriteError::OperationFailed {
-                source: ZkError::NoNode,
-                ..
-            }) => Ok(Written::NoDirectory),
-            Err(MultiWriteError::OperationFailed {
-                source: ZkError::Unimplemented,
-                ..
-            })
-            | Err(MultiWriteError::RequestFailed {
-                source: ZkError::Unimplemented,
-            }) => Err(ttl_nodes_disabled()),
-            Err(err) => Err(from_zk(err.into(), "writing the record")),
-        }
-    }
-}
-
-/// Whether the server creates TTL nodes (idempotency records need them): it refuses them
-/// unless started with `-Dzookeeper.extendedTypesEnabled=true`. The probe asks for a TTL
-/// node under a parent that does not exist, so it creates nothing: the server checks the
-/// node type before it looks for the parent, and answers `Unimplemented` when TTL nodes
-/// are off, `NoNode` when they are on.
-async fn ttl_nodes_enabled(control: &Client, root: &str, acls: Acls<'static>) -> Result<bool> {
-    let path = format!(
-        "{}/.ttl-probe-{:032x}/probe",
-        records_dir(root),
-        LeaseId::random().as_u128()
-    );
-    let options = CreateMode::Persistent
-        .with_acls(acls)
-        .with_ttl(Duration::from_secs(1));
-    match control.create(&path, &[], &options).await {
-        Err(ZkError::Unimplemented) => Ok(false),
-        Err(ZkError::NoNode) => Ok(true),
-        Ok(_) => {
-            // Not expected (the parent was never created); the node expires by its TTL
-            // anyway, but is not left to wait for it.
-            let _ = control.delete(&path, None).await;
-            Ok(true)
-        }
-        // Another answer (an ACL on the root, say) says nothing about TTL nodes; the record
-        // write reports the setting if it is missing.
-        Err(ZkError::NoAuth) | Err(ZkError::InvalidAcl) => Ok(true),
-        Err(err) => Err(from_zk(err, "probing for TTL nodes")),
-    }
-}
-
-fn ttl_nodes_disabled() -> Error {
-    Error::misconfigured(
-        "zookeeper: the server refuses TTL nodes, which idempotency records need; start it \
-         with -Dzookeeper.extendedTypesEnabled=true (locks work without it)",
-    )
-}
-
-/// Milliseconds since the Unix epoch on this machine's clock.
-fn wall_millis() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| {
-            i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
-        })
 }
 
 impl Inner {
@@ -688,19 +574,19 @@ async fn end_unrenewed(inner: Weak<Inner>, lease: LeaseId, own: Own, keeper: Arc
         max: own.session.ttl,
     };
     let (outcome, tries) = backoff
-        .retry_while(
-            || own.session.client().is_ok(),
+        .retry_until(
+            None,
+            |err| unanswered(err) && own.session.client().is_ok(),
             || async {
                 let Ok(client) = own.session.client() else {
-                    return Ok(false);
+                    return Ok(Ownership::NotHeld);
                 };
-                match tokio::time::timeout(own.session.ttl, delete_node(&client, &path)).await {
-                    Ok(deleted) => deleted,
-                    Err(_) => Err(Error::new(
-                        ErrorKind::Unavailable,
-                        "zookeeper: deleting the lock node went unanswered",
-                    )),
-                }
+                with_timeout(
+                    own.session.ttl,
+                    "deleting the lock node",
+                    delete_node(&client, &path),
+                )
+                .await
             },
         )
         .await;
@@ -723,12 +609,12 @@ async fn after_sync<T>(
     read.await
 }
 
-/// Deletes the node at `path`; `false` if it was not there.
-async fn delete_node(client: &Client, path: &str) -> Result<bool> {
+/// Deletes the node at `path`; [`Ownership::NotHeld`] if it was not there.
+async fn delete_node(client: &Client, path: &str) -> Result<Ownership> {
     match client.delete(path, None).await {
-        Ok(()) => Ok(true),
-        Err(ZkError::NoNode) => Ok(false),
-        Err(err) => Err(from_zk(err, "deleting the lock node")),
+        Ok(()) => Ok(Ownership::Held),
+        Err(ZkError::NoNode) => Ok(Ownership::NotHeld),
+        Err(err) => Err(into_error(err, "deleting the lock node")),
     }
 }
 
@@ -743,88 +629,73 @@ impl LockBackend for ZkBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
-        let span = tracing::debug_span!("zk.try_acquire", key = %request.key());
-        async {
-            let lease = request.lease_id();
-            let own = self.own_node(request).await?;
-            match self.place(&own).await? {
-                Place::First => Ok(Some(self.grant(lease, &own))),
-                // Never jumps the queue: a node behind others is taken back at once.
-                Place::Behind => {
-                    self.remove(lease, &own).await?;
-                    Ok(None)
-                }
-                Place::Gone => {
-                    self.forget(lease);
-                    Err(Error::new(
-                        ErrorKind::Unavailable,
-                        "zookeeper: the lock node vanished (its session ended); retrying",
-                    ))
-                }
+        let lease = request.lease_id();
+        let own = self.own_node(request).await?;
+        match self.place(&own).await? {
+            Place::First => Ok(Some(self.grant(lease, &own))),
+            // Never jumps the queue: a node behind others is taken back at once.
+            Place::Behind => {
+                let _ = self.remove(lease, &own).await?;
+                Ok(None)
+            }
+            Place::Gone => {
+                self.forget(lease);
+                Err(Error::new(
+                    ErrorKind::Unavailable,
+                    "zookeeper: the lock node vanished (its session ended); retrying",
+                ))
             }
         }
-        .instrument(span)
-        .await
     }
 
-    async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
-        let span = tracing::debug_span!("zk.renew", key = %key);
-        async {
-            let Some(own) = self.known(lease_id).filter(|own| own.granted) else {
-                return Ok(false);
-            };
-            if ttl > own.session.ttl {
-                return Err(Error::new(
-                    ErrorKind::InvalidInput,
-                    format!(
-                        "a ZooKeeper lease keeps the TTL of its session ({:?}); it cannot be \
-                         renewed for {ttl:?}",
-                        own.session.ttl
-                    ),
-                ));
-            }
-            let Ok(client) = own.session.client() else {
-                return Ok(false);
-            };
-            let sent_at = Instant::now();
-            let path = own.path();
-            let (sync, read) = (client.sync(&path), client.check_stat(&path));
-            match after_sync(sync, read).await {
-                Ok(Some(stat)) if stat.ephemeral_owner == own.session.id => {
-                    own.proved(sent_at);
-                    Ok(true)
-                }
-                Ok(_) => {
-                    self.forget(lease_id);
-                    Ok(false)
-                }
-                Err(err) if crate::error::ends_session(&err) => {
-                    own.session.end();
-                    Ok(false)
-                }
-                Err(err) => Err(from_zk(err, "renewing")),
-            }
+    async fn renew(&self, _key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<Ownership> {
+        let Some(own) = self.known(lease_id).filter(|own| own.granted) else {
+            return Ok(Ownership::NotHeld);
+        };
+        if ttl > own.session.ttl {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "a ZooKeeper lease keeps the TTL of its session ({:?}); it cannot be \
+                     renewed for {ttl:?}",
+                    own.session.ttl
+                ),
+            ));
         }
-        .instrument(span)
-        .await
+        let Ok(client) = own.session.client() else {
+            return Ok(Ownership::NotHeld);
+        };
+        let sent_at = Instant::now();
+        let path = own.path();
+        let (sync, read) = (client.sync(&path), client.check_stat(&path));
+        match after_sync(sync, read).await {
+            Ok(Some(stat)) if stat.ephemeral_owner == own.session.id => {
+                own.proved(sent_at);
+                Ok(Ownership::Held)
+            }
+            Ok(_) => {
+                self.forget(lease_id);
+                Ok(Ownership::NotHeld)
+            }
+            Err(err) if crate::error::ends_session(&err) => {
+                own.session.end();
+                Ok(Ownership::NotHeld)
+            }
+            Err(err) => Err(into_error(err, "renewing")),
+        }
     }
 
-    async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
-        let span = tracing::debug_span!("zk.release", key = %key);
-        async {
-            if let Some(own) = self.known(lease_id) {
-                return self.remove(lease_id, &own).await;
-            }
-            if let Some(removed) = self.remove_unconfirmed(key, lease_id).await? {
-                return Ok(removed);
-            }
-            match self.find_by_name(key, lease_id).await? {
-                Some(path) => delete_node(&self.inner.control, &path).await,
-                None => Ok(false),
-            }
+    async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<Ownership> {
+        if let Some(own) = self.known(lease_id) {
+            return self.remove(lease_id, &own).await;
         }
-        .instrument(span)
-        .await
+        if let Some(removed) = self.remove_unconfirmed(key, lease_id).await? {
+            return Ok(removed);
+        }
+        match self.find_by_name(key, lease_id).await? {
+            Some(path) => delete_node(&self.inner.control, &path).await,
+            None => Ok(Ownership::NotHeld),
+        }
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
@@ -873,7 +744,7 @@ impl LockBackend for ZkBackend {
         let names = match self.inner.control.list_children(root).await {
             Ok(names) => names,
             Err(ZkError::NoNode) => return Ok(Vec::new()),
-            Err(err) => return Err(from_zk(err, "listing the lock root")),
+            Err(err) => return Err(into_error(err, "listing the lock root")),
         };
         let mut keys: Vec<LockKey> = names
             .iter()
@@ -902,28 +773,22 @@ impl LockBackend for ZkBackend {
     }
 
     async fn enqueue(&self, request: &AcquireRequest) -> Result<()> {
-        let span = tracing::debug_span!("zk.enqueue", key = %request.key());
-        self.own_node(request).instrument(span).await.map(|_| ())
+        self.own_node(request).await.map(|_| ())
     }
 
     async fn try_acquire_queued(&self, request: &AcquireRequest) -> Result<Turn> {
-        let span = tracing::debug_span!("zk.try_acquire_queued", key = %request.key());
-        async {
-            let lease = request.lease_id();
-            let Some(own) = self.known(lease) else {
-                return Ok(Turn::NotQueued);
-            };
-            Ok(match self.place(&own).await? {
-                Place::First => Turn::Granted(self.grant(lease, &own)),
-                Place::Behind => Turn::Waiting,
-                Place::Gone => {
-                    self.forget(lease);
-                    Turn::NotQueued
-                }
-            })
-        }
-        .instrument(span)
-        .await
+        let lease = request.lease_id();
+        let Some(own) = self.known(lease) else {
+            return Ok(Turn::NotQueued);
+        };
+        Ok(match self.place(&own).await? {
+            Place::First => Turn::Granted(self.grant(lease, &own)),
+            Place::Behind => Turn::Waiting,
+            Place::Gone => {
+                self.forget(lease);
+                Turn::NotQueued
+            }
+        })
     }
 
     async fn leave_queue(&self, key: &LockKey, lease_id: LeaseId) -> Result<()> {
@@ -945,28 +810,7 @@ impl LockBackend for ZkBackend {
     }
 
     async fn read_record(&self, key: &LockKey) -> Result<Option<Record>> {
-        let span = tracing::debug_span!("zk.read_record", key = %key);
-        async {
-            let path = record_path(&self.inner.config.root, key);
-            self.catch_up(&path).await?;
-            let (data, stat) = match self.inner.control.get_data(&path).await {
-                Ok(found) => found,
-                Err(ZkError::NoNode) => return Ok(None),
-                Err(err) => return Err(from_zk(err, "reading the record")),
-            };
-            let Some((retention, bytes)) = data.split_first_chunk::<8>() else {
-                return Ok(None);
-            };
-            // The server reaps a TTL node only at its next container check; until then the
-            // node's last modification (server time) plus its retention says it is over.
-            let retention = i64::from_be_bytes(*retention);
-            if stat.mtime.saturating_add(retention) <= wall_millis() {
-                return Ok(None);
-            }
-            Ok(Record::from_bytes(bytes))
-        }
-        .instrument(span)
-        .await
+        self.inner.records.read(key).await
     }
 
     async fn write_record(
@@ -975,43 +819,11 @@ impl LockBackend for ZkBackend {
         lease_id: LeaseId,
         record: &Record,
         retention: Duration,
-    ) -> Result<bool> {
-        let span = tracing::debug_span!("zk.write_record", key = %key);
-        async {
-            let millis = Record::retention_millis(retention)?;
-            let retention = Duration::from_millis(millis.unsigned_abs());
-            let Some(holder) = self.holding_node(key, lease_id).await? else {
-                return Ok(false);
-            };
-            let path = record_path(&self.inner.config.root, key);
-            let mut data = millis.to_be_bytes().to_vec();
-            data.extend_from_slice(&record.to_bytes());
-            let mut replace = false;
-            for _ in 0..6 {
-                match self
-                    .write_fenced(&holder, &path, &data, retention, replace)
-                    .await?
-                {
-                    Written::Done => return Ok(true),
-                    Written::NotHeld => return Ok(false),
-                    Written::Exists => replace = true,
-                    Written::Vanished => replace = false,
-                    Written::NoDirectory => {
-                        let persistent = CreateMode::Persistent.with_acls(self.inner.acls);
-                        self.inner
-                            .control
-                            .mkdir(&records_dir(&self.inner.config.root), &persistent)
-                            .await
-                            .map_err(|err| from_zk(err, "creating the records directory"))?;
-                    }
-                }
-            }
-            Err(Error::new(
-                ErrorKind::Unavailable,
-                "zookeeper: the record kept changing while it was written",
-            ))
-        }
-        .instrument(span)
-        .await
+    ) -> Result<Ownership> {
+        let millis = Record::retention_millis(retention)?;
+        let Some(holder) = self.holding_node(key, lease_id).await? else {
+            return Ok(Ownership::NotHeld);
+        };
+        self.inner.records.write(&holder, key, record, millis).await
     }
 }

@@ -3,21 +3,15 @@
 use std::fmt;
 use std::time::Duration;
 
-use lock_core::{Error, Result, StoreUrl};
+use lock_core::backend::StoreUrl;
+use lock_core::{Error, Result};
+
+use crate::keys::Layout;
 
 const DEFAULT_PORT: u16 = 2181;
 
-/// Where the lock nodes of each key live.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Layout {
-    /// Each key, escaped into one node name, is a container node under
-    /// [`ZkConfig::root`]: any key is allowed.
-    Distlock,
-    /// The key *is* the lock path (relative to the chroot, without a leading `/`), as a
-    /// JVM service using Curator's `InterProcessMutex` on the same path names it; keys that
-    /// are not valid ZooKeeper paths are refused with `InvalidInput`.
-    Curator,
-}
+/// The URL schemes [`ZkConfig::from_url`] accepts.
+pub(crate) const SCHEMES: &[&str] = &["zk"];
 
 /// How to reach ZooKeeper and where to keep the locks.
 ///
@@ -75,22 +69,7 @@ impl ZkConfig {
     /// password.
     pub fn from_url(url: &str) -> Result<Self> {
         let mut url = StoreUrl::parse(url)?;
-        if url.scheme() != "zk" {
-            return Err(url.error(&format!(
-                "unsupported scheme {:?} (expected one of {:?})",
-                url.scheme(),
-                crate::SCHEMES
-            )));
-        }
-        let hosts = url
-            .hosts()
-            .iter()
-            .map(|h| h.with_port(DEFAULT_PORT))
-            .collect();
-        let chroot = match url.path().trim_end_matches('/') {
-            "" => String::new(),
-            path => format!("/{path}"),
-        };
+        url.expect_scheme(SCHEMES)?;
         let credentials = match (url.username(), url.password()) {
             ("", None) => None,
             (user, Some(password)) if !user.is_empty() => {
@@ -98,36 +77,31 @@ impl ZkConfig {
             }
             _ => return Err(url.error("a digest credential needs both a user name and a password")),
         };
-        let millis = |url: &mut StoreUrl, name: &str, default: Duration| -> Result<Duration> {
-            match url.take_parsed::<u64>(name, "a positive number of milliseconds")? {
-                Some(0) => Err(url.error(&format!("{name}=0 is not a positive number"))),
-                Some(ms) => Ok(Duration::from_millis(ms)),
-                None => Ok(default),
-            }
-        };
         let defaults = ZkConfig::new(Vec::new());
-        let layout = match url.take_param("layout").as_deref() {
-            None | Some("distlock") => Layout::Distlock,
-            Some("curator") => Layout::Curator,
-            Some(other) => {
-                return Err(url.error(&format!("layout={other:?} is neither distlock nor curator")))
-            }
-        };
+        let layouts = [("distlock", Layout::Distlock), ("curator", Layout::Curator)];
         let config = ZkConfig {
-            session_timeout: millis(&mut url, "session_timeout_ms", defaults.session_timeout)?,
-            connect_timeout: millis(&mut url, "connect_timeout_ms", defaults.connect_timeout)?,
-            min_ttl: millis(&mut url, "min_ttl_ms", defaults.min_ttl)?,
-            max_ttl: millis(&mut url, "max_ttl_ms", defaults.max_ttl)?,
-            tick_time: match url
-                .take_parsed::<u64>("tick_ms", "a positive number of milliseconds")?
-            {
-                Some(0) => return Err(url.error("tick_ms=0 is not a positive number")),
-                ms => ms.map(Duration::from_millis),
-            },
+            session_timeout: url
+                .take_millis("session_timeout_ms")?
+                .unwrap_or(defaults.session_timeout),
+            connect_timeout: url
+                .take_millis("connect_timeout_ms")?
+                .unwrap_or(defaults.connect_timeout),
+            min_ttl: url.take_millis("min_ttl_ms")?.unwrap_or(defaults.min_ttl),
+            max_ttl: url.take_millis("max_ttl_ms")?.unwrap_or(defaults.max_ttl),
+            tick_time: url.take_millis("tick_ms")?,
             root: url.take_param("root").unwrap_or(defaults.root),
-            layout,
-            hosts,
-            chroot,
+            layout: url
+                .take_choice("layout", &layouts)?
+                .unwrap_or(defaults.layout),
+            hosts: url
+                .hosts()
+                .iter()
+                .map(|h| h.with_port(DEFAULT_PORT))
+                .collect(),
+            chroot: match url.path().trim_end_matches('/') {
+                "" => String::new(),
+                path => format!("/{path}"),
+            },
             credentials,
         };
         url.finish()?;

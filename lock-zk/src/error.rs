@@ -11,8 +11,8 @@ pub(crate) fn ends_session(err: &ZkError) -> bool {
     matches!(err, ZkError::SessionExpired | ZkError::ClientClosed)
 }
 
-/// `err`, raised while doing `what`, as a distlock error (the client's error as source).
-pub(crate) fn from_zk(err: ZkError, what: &str) -> Error {
+/// `err`, met while doing `doing`, as a distlock error (the client's error as source).
+pub(crate) fn into_error(err: ZkError, doing: &str) -> Error {
     let kind = match &err {
         ZkError::NoAuth | ZkError::AuthFailed | ZkError::InvalidAcl => ErrorKind::PermissionDenied,
         ZkError::ConnectionLoss
@@ -32,12 +32,15 @@ pub(crate) fn from_zk(err: ZkError, what: &str) -> Error {
         }
         _ => ErrorKind::Internal,
     };
-    let hint = match kind {
-        ErrorKind::PermissionDenied => ": the credentials in the URL are refused for this path",
-        ErrorKind::Misconfigured => ": check the lock root and the server's settings",
-        _ => "",
-    };
-    Error::new(kind, format!("zookeeper: {what} failed{hint}")).with_source(err)
+    let error = Error::store("zookeeper", doing, kind);
+    match kind {
+        ErrorKind::PermissionDenied => {
+            error.hint("the credentials in the URL are refused for this path")
+        }
+        ErrorKind::Misconfigured => error.hint("check the lock root and the server's settings"),
+        _ => error,
+    }
+    .with_source(err)
 }
 
 #[cfg(test)]
@@ -55,7 +58,7 @@ mod tests {
             (ZkError::NoChildrenForEphemerals, ErrorKind::Misconfigured),
             (ZkError::BadVersion, ErrorKind::Internal),
         ] {
-            assert_eq!(from_zk(err, "acquire").kind(), kind);
+            assert_eq!(into_error(err, "acquire").kind(), kind);
         }
     }
 
@@ -69,7 +72,7 @@ mod tests {
             ZkError::Timeout,
         ] {
             assert!(!ends_session(&alive), "{alive:?}");
-            assert_eq!(from_zk(alive, "renew").kind(), ErrorKind::Unavailable);
+            assert_eq!(into_error(alive, "renew").kind(), ErrorKind::Unavailable);
         }
     }
 }

@@ -8,7 +8,17 @@
 
 use lock_core::{Error, ErrorKind, LeaseId, LockKey, Result};
 
-use crate::config::Layout;
+/// Where the lock nodes of each key live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// Each key, escaped into one node name, is a container node under
+    /// [`ZkConfig::root`](crate::ZkConfig::root): any key is allowed.
+    Distlock,
+    /// The key *is* the lock path (relative to the chroot, without a leading `/`), as a
+    /// JVM service using Curator's `InterProcessMutex` on the same path names it; keys that
+    /// are not valid ZooKeeper paths are refused with `InvalidInput`.
+    Curator,
+}
 
 /// Characters kept as they are in an escaped key; everything else is `%XX` per UTF-8 byte.
 fn kept(byte: u8) -> bool {

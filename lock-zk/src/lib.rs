@@ -9,7 +9,7 @@
 //! use lock_core::LockClient;
 //!
 //! let backend = lock_zk::connect("zk://127.0.0.1:2181/myapp?min_ttl_ms=4000&max_ttl_ms=40000").await?;
-//! let client = LockClient::from_dyn(backend);
+//! let client = LockClient::new(backend);
 //! let guard = client.lock("invoice-42").ttl(Duration::from_secs(10)).await?;
 //! println!("writing with fencing token {}", guard.token());
 //! guard.release().await?;
@@ -21,16 +21,20 @@ mod backend;
 mod config;
 mod error;
 mod keys;
+mod records;
 mod session;
 mod watch;
 
 use std::sync::Arc;
 
 pub use backend::ZkBackend;
-pub use config::{Layout, ZkConfig};
+pub use config::ZkConfig;
+pub use keys::Layout;
 
-/// The URL schemes [`connect`] understands.
-pub const SCHEMES: &[&str] = &["zk"];
+/// This crate in a table of stores (the `distlock` facade's): the `zk://` scheme,
+/// connected with [`connect`].
+pub const STORE: lock_core::backend::Store =
+    lock_core::backend::Store::new("zookeeper", config::SCHEMES, |url| Box::pin(connect(url)));
 
 /// Connects to the ZooKeeper ensemble a `zk://` URL names (see [`ZkConfig`] for the URL
 /// format and options).

@@ -1,17 +1,22 @@
-//! ZooKeeper sessions: one per distinct TTL per client, kept alive by our own requests,
-//! whose *send* times move the deadlines of the leases the core renews. (A lease renewed by
-//! hand lives in the same session but follows a keeper of its own: see `backend.rs`.)
+//! ZooKeeper sessions: one per distinct TTL per client, pooled and kept alive by the
+//! core's [`SessionPool`] with our own requests, whose *send* times move the deadlines of
+//! the leases the core renews. (A lease renewed by hand lives in the same session but
+//! follows a keeper of its own: see `backend.rs`.) What is ZooKeeper's here: a connection
+//! whose session timeout is the TTL, and a keep-alive the leader takes part in.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lock_core::backend::{lock_unpoisoned as lock, SessionKeeper};
+use futures_util::stream::{BoxStream, StreamExt};
+use lock_core::backend::{
+    async_trait, lock_unpoisoned as lock, with_timeout, PooledSession, SessionKeeper, SessionKind,
+    SessionNews, SessionPool, SessionStore,
+};
 use lock_core::{Error, ErrorKind, Result};
 use zookeeper_client::{Client, SessionState};
 
 use crate::config::ZkConfig;
-use crate::error::{ends_session, from_zk};
+use crate::error::{ends_session, into_error};
 
 /// One ZooKeeper session and what the core knows of it.
 #[derive(Debug)]
@@ -57,7 +62,7 @@ impl ZkSession {
         if ends_session(&err) {
             self.end();
         }
-        from_zk(err, what)
+        into_error(err, what)
     }
 
     /// Ends the session: every lease of it is lost at once, and its nodes go with it.
@@ -65,9 +70,15 @@ impl ZkSession {
         self.keeper.expired();
         lock(&self.client).take();
     }
+}
 
-    /// Whether new acquisitions may still use the session: it has not ended, and it has
-    /// not been silent for longer than its timeout (the server may have ended it).
+impl PooledSession for ZkSession {
+    fn keeper(&self) -> &SessionKeeper {
+        &self.keeper
+    }
+
+    /// New acquisitions may still use the session: it has not ended, and it has not been
+    /// silent for longer than its timeout (the server may have ended it).
     fn usable(&self) -> bool {
         let status = self.keeper.status();
         !status.expired
@@ -79,43 +90,86 @@ impl ZkSession {
 /// A client's sessions.
 #[derive(Debug)]
 pub(crate) struct Sessions {
-    config: ZkConfig,
-    /// The open session of each TTL.
-    open: Mutex<HashMap<Duration, Arc<ZkSession>>>,
-    /// Held while a session is being opened, so concurrent first acquisitions with one TTL
-    /// share one new session instead of replacing each other's.
-    opening: tokio::sync::Mutex<()>,
+    pool: SessionPool<ZkStore>,
 }
 
 impl Sessions {
     pub(crate) fn new(config: ZkConfig) -> Self {
         Sessions {
-            config,
-            open: Mutex::default(),
-            opening: tokio::sync::Mutex::new(()),
+            pool: SessionPool::new(ZkStore { config }),
         }
     }
 
     /// The session of leases with `ttl`: the open one, or a new one (a session that ended
     /// is never used again).
     pub(crate) async fn session_for(&self, ttl: Duration) -> Result<Arc<ZkSession>> {
-        let usable = |open: &HashMap<Duration, Arc<ZkSession>>| {
-            open.get(&ttl).filter(|s| s.usable()).map(Arc::clone)
+        self.pool.session(SessionKind::Shared(ttl), ttl).await
+    }
+}
+
+/// ZooKeeper's side of the pool.
+#[derive(Debug)]
+struct ZkStore {
+    config: ZkConfig,
+}
+
+#[async_trait]
+impl SessionStore for ZkStore {
+    type Session = ZkSession;
+
+    async fn open(&self, _kind: SessionKind, ttl: Duration) -> Result<ZkSession> {
+        open_session(&self.config, ttl).await
+    }
+
+    /// A `sync`, which the server answers only while it is in contact with the leader (who
+    /// alone expires sessions), then a read, answered only for a live session. A read
+    /// alone would be answered by a follower cut off from the leader, for as long as the
+    /// follower takes to notice (`syncLimit × tickTime`), while the leader counts the
+    /// session down.
+    async fn keep_alive(&self, session: &ZkSession) -> SessionNews {
+        let Ok(client) = session.client() else {
+            return SessionNews::Ended;
         };
-        if let Some(session) = usable(&lock(&self.open)) {
-            return Ok(session);
+        // The client sends a request when it is made: both go out now, in this order, and
+        // the server answers a session's requests in order.
+        let sync = client.sync("/");
+        let read = client.check_stat("/");
+        let proof = async {
+            let answered = async {
+                sync.await?;
+                read.await
+            };
+            Ok(answered.await)
+        };
+        match with_timeout(session.ttl, "a keep-alive", proof).await {
+            Ok(Ok(_)) => SessionNews::Alive,
+            Ok(Err(err)) if ends_session(&err) => SessionNews::Ended,
+            _ => SessionNews::Unanswered,
         }
-        let _opening = self.opening.lock().await;
-        if let Some(session) = usable(&lock(&self.open)) {
-            return Ok(session);
-        }
-        let session = Arc::new(open_session(&self.config, ttl).await?);
-        let replaced = lock(&self.open).insert(ttl, Arc::clone(&session));
-        if let Some(old) = replaced {
-            old.end();
-        }
-        tokio::spawn(follow(Arc::downgrade(&session)));
-        Ok(session)
+    }
+
+    fn keep_alive_every(&self, session: &ZkSession) -> Duration {
+        session.keep_alive_every
+    }
+
+    /// The client's connection state: a lost connection, or the end of the session.
+    fn news(&self, session: &ZkSession) -> BoxStream<'static, SessionNews> {
+        let Ok(client) = session.client() else {
+            return futures_util::stream::once(async { SessionNews::Ended }).boxed();
+        };
+        futures_util::stream::unfold(client.state_watcher(), |mut state| async move {
+            let news = match state.changed().await {
+                SessionState::Disconnected => SessionNews::Unanswered,
+                SessionState::SyncConnected | SessionState::ConnectedReadOnly => SessionNews::Alive,
+                _ => SessionNews::Ended,
+            };
+            Some((news, state))
+        })
+        .boxed()
+    }
+
+    fn end(&self, session: &ZkSession) {
+        session.end();
     }
 }
 
@@ -163,79 +217,13 @@ pub(crate) async fn connect(config: &ZkConfig, timeout: Duration) -> Result<Clie
         connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
     }
     let connect_string = config.connect_string();
-    match tokio::time::timeout(config.connect_timeout, connector.connect(&connect_string)).await {
-        Ok(Ok(client)) => Ok(client),
-        Ok(Err(err)) => Err(from_zk(err, "connecting")),
-        Err(_) => Err(Error::new(
-            ErrorKind::Unavailable,
-            format!(
-                "zookeeper: no session established within {:?}",
-                config.connect_timeout
-            ),
-        )),
-    }
-}
-
-/// Reports one session until it ends: its keep-alives and the client's connection state.
-async fn follow(session: Weak<ZkSession>) {
-    let Some((mut state, every)) = session.upgrade().and_then(|s| {
-        s.client()
-            .ok()
-            .map(|c| (c.state_watcher(), s.keep_alive_every))
-    }) else {
-        return;
+    let connecting = async {
+        connector
+            .connect(&connect_string)
+            .await
+            .map_err(|err| into_error(err, "connecting"))
     };
-    let mut next_keep_alive = tokio::time::Instant::now() + every;
-    loop {
-        tokio::select! {
-            changed = state.changed() => {
-                let Some(session) = session.upgrade() else { return };
-                match changed {
-                    SessionState::Disconnected => session.keeper.disconnected(),
-                    SessionState::SyncConnected | SessionState::ConnectedReadOnly => {}
-                    _ => {
-                        session.end();
-                        return;
-                    }
-                }
-            }
-            () = tokio::time::sleep_until(next_keep_alive) => {
-                let Some(session) = session.upgrade() else { return };
-                // Counted from the send, not the answer: a slow answer must not push the
-                // next keep-alive past the deadline the last one set.
-                next_keep_alive = tokio::time::Instant::now() + every;
-                keep_alive(&session).await;
-                if session.keeper.status().expired {
-                    return;
-                }
-            }
-        }
-    }
-}
-
-/// One keep-alive: a `sync`, which the server answers only while it is in contact with the
-/// leader (who alone expires sessions), then a read, answered only for a live session. A
-/// read alone would be answered by a follower cut off from the leader, for as long as the
-/// follower takes to notice (`syncLimit × tickTime`), while the leader counts the session
-/// down.
-async fn keep_alive(session: &ZkSession) {
-    let Ok(client) = session.client() else {
-        return;
-    };
-    let sent_at = Instant::now();
-    // The client sends a request when it is made: both go out now, in this order, and the
-    // server answers a session's requests in order.
-    let sync = client.sync("/");
-    let read = client.check_stat("/");
-    let proof = async {
-        sync.await?;
-        read.await
-    };
-    match tokio::time::timeout(session.ttl, proof).await {
-        Ok(Ok(_)) => session.proved(sent_at),
-        Ok(Err(err)) if ends_session(&err) => session.end(),
-        _ => session.keeper.disconnected(),
-    }
+    with_timeout(config.connect_timeout, "the session request", connecting).await
 }
 
 #[cfg(test)]

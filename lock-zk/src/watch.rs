@@ -6,11 +6,12 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use lock_core::backend::async_trait;
 use lock_core::backend::{lock_unpoisoned as lock, Change, KeyWatch};
-use lock_core::{async_trait, Result};
+use lock_core::Result;
 use zookeeper_client::{Client, Error as ZkError, EventType, WatchedEvent};
 
-use crate::error::from_zk;
+use crate::error::into_error;
 use crate::keys::contenders;
 
 type Pending = Pin<Box<dyn Future<Output = WatchedEvent> + Send>>;
@@ -76,7 +77,7 @@ impl TurnWatch {
             // Gone already (a watch on a missing node would fire on its creation, which
             // never comes).
             Ok((None, _)) => Ok(false),
-            Err(err) => Err(from_zk(err, "watching the node ahead")),
+            Err(err) => Err(into_error(err, "watching the node ahead")),
         }
     }
 }
@@ -102,7 +103,7 @@ impl KeyWatch for TurnWatch {
             let children = match self.client.list_children(&self.parent).await {
                 Ok(children) => children,
                 Err(ZkError::NoNode) => return Ok(Change::LookAgain),
-                Err(err) => return Err(from_zk(err, "watching the queue")),
+                Err(err) => return Err(into_error(err, "watching the queue")),
             };
             let queue = contenders(children);
             let Some(at) = queue.iter().position(|c| c.name == self.own) else {

@@ -27,10 +27,8 @@ async fn a_follower_cut_from_its_leader_loses_the_lock_before_the_rival_gets_it(
     let ensemble = ProxiedEnsemble::start().await;
     let leader = ensemble.member_in("leader").await;
     let follower = (0..3).find(|&i| i != leader).unwrap();
-    let holder =
-        LockClient::from_dyn(connect(&zk_url(&[ensemble.servers[follower].addr()], "")).await);
-    let rival =
-        LockClient::from_dyn(connect(&zk_url(&[ensemble.servers[leader].addr()], "")).await);
+    let holder = LockClient::new(connect(&zk_url(&[ensemble.servers[follower].addr()], "")).await);
+    let rival = LockClient::new(connect(&zk_url(&[ensemble.servers[leader].addr()], "")).await);
     let key = format!("ensemble-{:016x}/follower-cut", fastrand::u64(..));
     let ttl = Duration::from_millis(1000);
     let guard = holder.lock(&key).ttl(ttl).await.unwrap();
@@ -75,10 +73,8 @@ async fn a_manual_renewal_through_a_follower_cut_from_its_leader_does_not_outliv
     let ensemble = ProxiedEnsemble::start().await;
     let leader = ensemble.member_in("leader").await;
     let follower = (0..3).find(|&i| i != leader).unwrap();
-    let holder =
-        LockClient::from_dyn(connect(&zk_url(&[ensemble.servers[follower].addr()], "")).await);
-    let rival =
-        LockClient::from_dyn(connect(&zk_url(&[ensemble.servers[leader].addr()], "")).await);
+    let holder = LockClient::new(connect(&zk_url(&[ensemble.servers[follower].addr()], "")).await);
+    let rival = LockClient::new(connect(&zk_url(&[ensemble.servers[leader].addr()], "")).await);
     let key = format!("ensemble-{:016x}/follower-cut-manual", fastrand::u64(..));
     let ttl = Duration::from_millis(1000);
     let guard = holder

@@ -85,7 +85,7 @@ async fn distlock_and_kazoo_exclude_each_other() {
     let server = start_zookeeper().await;
     let path = format!("interop-{:016x}/lock", fastrand::u64(..));
     let hosts = server.addr().to_string();
-    let client = LockClient::from_dyn(connect(&zk_url(&[server.addr()], "layout=curator")).await);
+    let client = LockClient::new(connect(&zk_url(&[server.addr()], "layout=curator")).await);
     let mut kazoo = Kazoo::start(&hosts, &format!("/{path}"));
 
     kazoo.send("acquire").await;

@@ -131,8 +131,12 @@ pub async fn tokens_strictly_increase(ctx: &Ctx) -> Outcome {
     let mut last: Option<FencingToken> = None;
     for round in 0..6 {
         let backend = if round % 2 == 0 { &a } else { &b };
-        let request =
-            AcquireRequest::new(key.clone(), ttl, lock_core::default_drift_allowance(ttl));
+        let request = AcquireRequest::new(
+            key.clone(),
+            ttl,
+            lock_core::backend::default_drift_allowance(ttl),
+            Renewal::Manual,
+        );
         let lease = backend.acquire_once(&request, timeout).await?;
         let again = backend.acquire_once(&request, timeout).await?;
         ensure!(

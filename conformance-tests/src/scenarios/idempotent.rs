@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::backend::{AcquireRequest, LockBackendExt, Record, MAX_RETENTION};
-use lock_core::{ErrorKind, Execution, LockClient, LockKey};
+use lock_core::backend::{AcquireRequest, LockBackendExt, Ownership, Record, MAX_RETENTION};
+use lock_core::{ErrorKind, Execution, LockClient, LockKey, Renewal};
 use tokio::sync::Notify;
 
 use crate::ensure;
@@ -117,7 +117,10 @@ pub async fn idempotent_mismatch_is_refused(ctx: &Ctx) -> Outcome {
         .fingerprint(b"request-a")
         .run(counted(&runs, b"a"))
         .await;
-    first?;
+    ensure!(
+        first? == Execution::Ran(b"a".to_vec()),
+        "the first run did not run the work"
+    );
     let other: Run = client
         .idempotent(&key)
         .fingerprint(b"request-b")
@@ -194,7 +197,7 @@ pub async fn idempotent_in_progress_and_failed_runs(ctx: &Ctx) -> Outcome {
 pub async fn record_write_needs_the_live_holder(ctx: &Ctx) -> Outcome {
     let key = LockKey::new(ctx.key("idempotent-fence"))?;
     let backend = ctx.backend().await?;
-    let request = AcquireRequest::new(key.clone(), ctx.long_ttl(), Duration::ZERO);
+    let request = AcquireRequest::new(key.clone(), ctx.long_ttl(), Duration::ZERO, Renewal::Manual);
     let lease = backend
         .acquire_once(&request, Duration::from_secs(5))
         .await?;
@@ -206,9 +209,10 @@ pub async fn record_write_needs_the_live_holder(ctx: &Ctx) -> Outcome {
     let retention = Duration::from_secs(60);
     let stranger = lock_core::LeaseId::random();
     ensure!(
-        !backend
+        backend
             .write_record(&key, stranger, &record(b"x"), retention)
-            .await?,
+            .await?
+            == Ownership::NotHeld,
         "a lease that never held the key wrote a record"
     );
     ensure!(
@@ -218,18 +222,20 @@ pub async fn record_write_needs_the_live_holder(ctx: &Ctx) -> Outcome {
     ensure!(
         backend
             .write_record(&key, lease.id(), &record(b"held"), retention)
-            .await?,
+            .await?
+            .is_held(),
         "the holder's write was refused"
     );
     ensure!(
         backend.read_record(&key).await? == Some(record(b"held")),
         "the record did not read back as written"
     );
-    backend.release(&key, lease.id()).await?;
+    let _ = backend.release(&key, lease.id()).await?;
     ensure!(
-        !backend
+        backend
             .write_record(&key, lease.id(), &record(b"late"), retention)
-            .await?,
+            .await?
+            == Ownership::NotHeld,
         "a released lease wrote a record"
     );
     ensure!(
@@ -245,7 +251,7 @@ pub async fn record_write_needs_the_live_holder(ctx: &Ctx) -> Outcome {
 pub async fn record_retention_is_bounded(ctx: &Ctx) -> Outcome {
     let key = LockKey::new(ctx.key("idempotent-retention"))?;
     let backend = ctx.backend().await?;
-    let request = AcquireRequest::new(key.clone(), ctx.long_ttl(), Duration::ZERO);
+    let request = AcquireRequest::new(key.clone(), ctx.long_ttl(), Duration::ZERO, Renewal::Manual);
     let lease = backend
         .acquire_once(&request, Duration::from_secs(5))
         .await?;
@@ -269,14 +275,15 @@ pub async fn record_retention_is_bounded(ctx: &Ctx) -> Outcome {
     ensure!(
         backend
             .write_record(&key, lease.id(), &record, MAX_RETENTION)
-            .await?,
+            .await?
+            .is_held(),
         "the holder's write kept for MAX_RETENTION was refused"
     );
     ensure!(
         backend.read_record(&key).await? == Some(record),
         "the record kept for MAX_RETENTION did not read back"
     );
-    backend.release(&key, lease.id()).await?;
+    let _ = backend.release(&key, lease.id()).await?;
 
     let runs = Arc::new(AtomicUsize::new(0));
     let run = ctx

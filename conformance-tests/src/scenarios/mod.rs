@@ -11,7 +11,9 @@ pub mod cleanup;
 pub mod exclusion;
 pub mod idempotent;
 pub mod input;
+pub mod loss;
 pub mod operator;
+pub mod outages;
 pub mod ownership;
 pub mod patterns;
 pub mod recovery;
@@ -28,6 +30,12 @@ pub struct Offers {
     pub unreachable_client: bool,
     /// The factory builds clients whose link to the store can be cut or slowed.
     pub link: bool,
+    /// The factory runs servers the outage scenarios can start privately and control.
+    pub servers: bool,
+    /// The factory's servers authenticate clients, and it names a user to refuse.
+    pub wrong_password: bool,
+    /// The factory's servers count the requests that can renew leases.
+    pub renewal_requests: bool,
 }
 
 impl Offers {
@@ -45,6 +53,13 @@ impl Offers {
             capabilities: backend.capabilities().clone(),
             unreachable_client: factory.connect_unreachable().await.is_some(),
             link,
+            servers: factory.servers().is_some(),
+            wrong_password: factory
+                .servers()
+                .is_some_and(|servers| servers.store().wrong_password.is_some()),
+            renewal_requests: factory
+                .servers()
+                .is_some_and(|servers| servers.store().renewal_requests.is_some()),
         })
     }
 }
@@ -72,6 +87,16 @@ pub enum Needs {
     Reentrancy,
     /// A factory that can build a client of an unreachable store.
     UnreachableClient,
+    /// A factory that can cut or slow a client's link (any liveness).
+    Link,
+    /// A factory whose store runs as servers it can start privately, pause, kill and
+    /// restart.
+    Servers,
+    /// Servers that authenticate clients, and a user the factory can name with a wrong
+    /// password.
+    WrongPassword,
+    /// [`Liveness::Batched`], and servers that count the requests that can renew leases.
+    BatchedRenewal,
     /// [`Capabilities::records`]: idempotency records.
     Records,
     /// No [`Capabilities::records`]: the refusal is what is checked.
@@ -100,6 +125,19 @@ impl Needs {
             Needs::Reentrancy if !caps.reentrancy => Err("reentrant owners are unsupported"),
             Needs::UnreachableClient if !offers.unreachable_client => {
                 Err("embedded store: nothing to be unreachable")
+            }
+            Needs::Link if !offers.link => Err("the factory cannot cut a client's link"),
+            Needs::Servers if !offers.servers => {
+                Err("embedded store: no server to freeze or restart")
+            }
+            Needs::WrongPassword if !offers.wrong_password => {
+                Err("the test servers do not authenticate clients")
+            }
+            Needs::BatchedRenewal if caps.liveness != Liveness::Batched => {
+                Err("leases are not renewed in batches")
+            }
+            Needs::BatchedRenewal if !offers.renewal_requests => {
+                Err("the servers cannot count renewal requests")
             }
             Needs::Records if !caps.records => Err("the store keeps no idempotency records"),
             Needs::NoRecords if caps.records => {
@@ -208,4 +246,16 @@ scenarios! {
     input::ten_thousand_keys_held_at_once => Nothing,
     input::resource_hygiene => Nothing,
     operator::operator_lists_and_breaks_held_keys => Nothing,
+    outages::partition_longer_than_the_ttl_loses_before_a_rival_is_granted => Link,
+    outages::late_grant_is_never_handed_out => LeaseTtl & Link,
+    outages::frozen_server_is_unavailable_then_recovers => Servers,
+    outages::restarted_server_keeps_tokens_increasing => Servers,
+    outages::silent_store_is_unavailable_within_the_connect_timeout => Servers,
+    outages::wrong_password_is_permission_denied => WrongPassword,
+    outages::automatic_renewals_are_batched => BatchedRenewal,
+    loss::failing_renewals_warn_before_the_loss => LeaseTtl,
+    loss::broken_lease_is_lost_as_not_held => LeaseTtl,
+    loss::max_hold_ends_the_hold_and_frees_the_key => Nothing,
+    loss::shutdown_frees_every_key_at_once => Nothing,
+    loss::cut_session_link_warns_before_the_loss => SessionLink,
 }

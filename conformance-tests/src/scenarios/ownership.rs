@@ -2,10 +2,10 @@
 
 use std::time::{Duration, Instant};
 
-use lock_core::{
-    backend::{AcquireRequest, DynBackend, LockBackendExt, ReleaseOutcome},
-    default_drift_allowance, ErrorKind, Lease, LeaseId, LockKey,
+use lock_core::backend::{
+    default_drift_allowance, AcquireRequest, DynBackend, LockBackendExt, Ownership, ReleaseOutcome,
 };
+use lock_core::{ErrorKind, Lease, LeaseId, LockKey, Renewal};
 
 use crate::ensure;
 use crate::harness::{eventually, expect_kind, Ctx, Failure, Outcome};
@@ -13,7 +13,12 @@ use crate::harness::{eventually, expect_kind, Ctx, Failure, Outcome};
 const TIMEOUT: Duration = Duration::from_secs(5);
 
 async fn grant(backend: &DynBackend, key: &LockKey, ttl: Duration) -> Result<Lease, Failure> {
-    let request = AcquireRequest::new(key.clone(), ttl, default_drift_allowance(ttl));
+    let request = AcquireRequest::new(
+        key.clone(),
+        ttl,
+        default_drift_allowance(ttl),
+        Renewal::Manual,
+    );
     Ok(backend.acquire_once(&request, TIMEOUT).await?)
 }
 
@@ -27,10 +32,10 @@ pub async fn only_the_owner_releases(ctx: &Ctx) -> Outcome {
     let (a, b) = (ctx.backend().await?, ctx.backend().await?);
     let lease = grant(&a, &key, ctx.long_ttl()).await?;
     ensure!(
-        !b.release(&key, LeaseId::random()).await?,
+        b.release(&key, LeaseId::random()).await? == Ownership::NotHeld,
         "a foreign lease id released the key"
     );
-    let forged = AcquireRequest::new(key.clone(), ctx.long_ttl(), Duration::ZERO)
+    let forged = AcquireRequest::new(key.clone(), ctx.long_ttl(), Duration::ZERO, Renewal::Manual)
         .grant(lease.token(), Instant::now());
     let outcome = b.release_lease(&forged, TIMEOUT).await?;
     ensure!(
@@ -55,7 +60,7 @@ pub async fn only_the_owner_renews(ctx: &Ctx) -> Outcome {
     let ttl = ctx.short_ttl() * 5;
     let lease = grant(&a, &key, ttl).await?;
     ensure!(
-        !b.renew(&key, LeaseId::random(), ctx.long_ttl()).await?,
+        b.renew(&key, LeaseId::random(), ctx.long_ttl()).await? == Ownership::NotHeld,
         "a foreign lease id renewed the key"
     );
     let info = b
@@ -86,6 +91,7 @@ pub async fn expiry_then_takeover(ctx: &Ctx) -> Outcome {
         key.clone(),
         ctx.long_ttl(),
         default_drift_allowance(ctx.long_ttl()),
+        Renewal::Manual,
     );
     let give_up = Instant::now() + ttl * 4;
     let (new, granted_by) = loop {

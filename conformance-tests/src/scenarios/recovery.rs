@@ -3,10 +3,8 @@
 use std::future::IntoFuture;
 use std::time::Duration;
 
-use lock_core::{
-    backend::{AcquireRequest, LockBackendExt, ReleaseOutcome},
-    default_drift_allowance, AcquireOptions, ErrorKind, LockKey, Wait,
-};
+use lock_core::backend::{default_drift_allowance, AcquireRequest, LockBackendExt, ReleaseOutcome};
+use lock_core::{AcquireOptions, ErrorKind, LockKey, Renewal, Wait};
 
 use crate::ensure;
 use crate::faults::{Fault, Op};
@@ -184,8 +182,9 @@ pub async fn ambiguous_acquire_resolves_on_retry(ctx: &Ctx) -> Outcome {
         faulty.calls(Op::Acquire) >= 2,
         "the lost reply was not retried"
     );
-    let info = rival
+    let info = ctx
         .backend()
+        .await?
         .inspect(&LockKey::new(&key)?)
         .await?
         .ok_or_else(|| Failure("the key is free".into()))?;
@@ -207,14 +206,19 @@ pub async fn ambiguous_acquire_resolves_on_retry(ctx: &Ctx) -> Outcome {
 
     let backend = ctx.backend().await?;
     let ttl = ctx.long_ttl();
-    let request = AcquireRequest::new(LockKey::new(&key)?, ttl, default_drift_allowance(ttl));
+    let request = AcquireRequest::new(
+        LockKey::new(&key)?,
+        ttl,
+        default_drift_allowance(ttl),
+        Renewal::Manual,
+    );
     let first = backend.try_acquire(&request).await?.map(|g| g.token());
     let retry = backend.try_acquire(&request).await?.map(|g| g.token());
     ensure!(
         first.is_some() && first == retry,
         "a retried grant returned {retry:?} after {first:?}"
     );
-    backend.release(request.key(), request.lease_id()).await?;
+    let _ = backend.release(request.key(), request.lease_id()).await?;
     Ok(())
 }
 
@@ -285,7 +289,7 @@ pub async fn unreachable_store_reports_unavailable(ctx: &Ctx) -> Outcome {
             return Ok(());
         }
     };
-    let client = lock_core::LockClient::from_dyn(backend);
+    let client = lock_core::LockClient::new(backend);
     let bound = Duration::from_secs(1);
     let options = AcquireOptions {
         wait: Wait::UpTo(bound),

@@ -10,7 +10,7 @@ use tokio::sync::{watch, Notify};
 
 use crate::backend::lock_unpoisoned as lock;
 use crate::backend::{Change, KeyWatch};
-use crate::error::{Error, ErrorKind, Result};
+use crate::values::error::{Error, ErrorKind, Result};
 
 /// Where a backend announces releases and its waiters subscribe.
 ///

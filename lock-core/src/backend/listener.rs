@@ -2,21 +2,21 @@
 //! failure wake every waiter and reconnect with backoff.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::AbortHandle;
 
 use crate::backend::feed::ReleaseFeed;
-use crate::error::Result;
+use crate::backend::retry::{supervise, Progress};
+use crate::values::error::Result;
+use crate::values::options::Backoff;
 
 /// Handed to each run of a listener: the feed to deliver releases into, and the way to say
 /// the subscription is in place.
 #[derive(Debug)]
 pub struct ListenerLink {
     feed: ReleaseFeed,
-    subscribed: Arc<AtomicBool>,
+    progress: Progress,
 }
 
 impl ListenerLink {
@@ -28,7 +28,7 @@ impl ListenerLink {
     /// The subscription is in place: releases announced while none was went unheard, so
     /// every waiter looks again, and the reconnect backoff starts afresh.
     pub fn subscribed(&self) {
-        self.subscribed.store(true, Ordering::SeqCst);
+        self.progress.made();
         self.feed.wake_all();
     }
 }
@@ -43,13 +43,19 @@ impl Drop for ListenerTask {
     }
 }
 
+/// Reconnect pauses: from 50 ms, doubling to 5 s while runs fail before subscribing.
+const RECONNECT: Backoff = Backoff {
+    initial: Duration::from_millis(50),
+    max: Duration::from_secs(5),
+};
+
 /// Keeps `listen` running on the current tokio runtime until the returned task is dropped.
 ///
 /// Each run connects, subscribes, calls [`ListenerLink::subscribed`], then delivers
 /// releases into the feed until the connection fails. After a run ends every waiter is
 /// woken (the next releases may go unheard until a new subscription is in place; the
 /// waiters' fallback poll covers the gap) and the next run starts after a backoff that
-/// doubles from 50 ms to 5 s while runs fail before subscribing.
+/// doubles from 50 ms to 5 s while runs fail before subscribing ([`supervise`]).
 pub fn supervise_listener<F, Fut>(
     what: &'static str,
     feed: ReleaseFeed,
@@ -59,39 +65,27 @@ where
     F: FnMut(ListenerLink) -> Fut + Send + 'static,
     Fut: Future<Output = Result<()>> + Send + 'static,
 {
-    const FIRST: Duration = Duration::from_millis(50);
-    const MAX: Duration = Duration::from_secs(5);
-    let task = tokio::spawn(async move {
-        let mut pause = FIRST;
-        loop {
-            let subscribed = Arc::new(AtomicBool::new(false));
-            let link = ListenerLink {
-                feed: feed.clone(),
-                subscribed: Arc::clone(&subscribed),
-            };
-            let outcome = listen(link).await;
+    let task = tokio::spawn(supervise(what, RECONNECT, move |progress| {
+        let feed = feed.clone();
+        let run = listen(ListenerLink {
+            feed: feed.clone(),
+            progress,
+        });
+        async move {
+            let outcome = run.await;
             feed.wake_all();
-            if subscribed.load(Ordering::SeqCst) {
-                pause = FIRST;
-            }
-            match outcome {
-                Ok(()) => tracing::debug!(listener = what, "listener ended; reconnecting"),
-                Err(err) => {
-                    tracing::debug!(listener = what, error = %err, "listener failed; reconnecting")
-                }
-            }
-            tokio::time::sleep(pause.mul_f64(0.5 + fastrand::f64() / 2.0)).await;
-            pause = (pause * 2).min(MAX);
+            outcome
         }
-    });
+    }));
     ListenerTask(task.abort_handle())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::Error;
-    use std::sync::atomic::AtomicU32;
+    use crate::values::error::Error;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
 
     #[tokio::test]
     async fn a_failed_listener_is_restarted_and_wakes_waiters() {

@@ -4,38 +4,54 @@
 //! implements [`LockBackend`] (the store's few atomic operations), declares its
 //! [`Capabilities`] once, and reuses what is here for what every store needs: request
 //! time-outs ([`with_timeout`]), release notifications ([`ReleaseFeed`]) fed by a
-//! supervised listener ([`supervise_listener`]), sessions ([`SessionKeeper`]), requests
-//! that must finish once sent ([`finish_if_dropped`]) and a poison-tolerant mutex
-//! ([`lock_unpoisoned`]).
+//! supervised listener ([`supervise_listener`]), pooled sessions kept alive on one cadence
+//! ([`SessionPool`] over a store's [`SessionStore`] calls, reporting to a
+//! [`SessionKeeper`]), retries ([`Backoff::retry_until`](crate::Backoff::retry_until),
+//! [`Restarts`], [`supervise`]), requests that must finish once sent
+//! ([`finish_if_dropped`]) and a poison-tolerant mutex ([`lock_unpoisoned`]).
 
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-
 mod detach;
 mod feed;
 mod listener;
 mod record;
 mod request;
+mod retry;
 mod support;
 
-pub use crate::capabilities::{Capabilities, Liveness};
-pub use crate::session::{Session, SessionKeeper, SessionStatus};
-pub use crate::sync::lock_unpoisoned;
+pub(crate) mod capabilities;
+pub(crate) mod session;
+mod session_pool;
+mod store;
+mod store_url;
+pub(crate) mod sync;
+
+pub use crate::patterns::DEFAULT_RETENTION;
+pub use crate::values::default_drift_allowance;
+/// Re-exported so backend crates implement [`LockBackend`] with the same macro version.
+pub use async_trait::async_trait;
+pub use capabilities::{Capabilities, Liveness};
 pub use detach::{finish_if_dropped, FinishIfDropped};
 pub use feed::ReleaseFeed;
 pub use listener::{supervise_listener, ListenerLink, ListenerTask};
 pub use record::{Record, MAX_RETENTION};
 pub use request::AcquireRequest;
+pub use retry::{supervise, unanswered, Progress, Restarts};
+pub use session::{Session, SessionKeeper, SessionStatus};
+pub use session_pool::{PooledSession, SessionKind, SessionNews, SessionPool, SessionStore};
+pub use store::{Connecting, Store};
+pub use store_url::{redact_url, redact_url_in, StoreHost, StoreUrl};
 pub use support::with_timeout;
 use support::within;
+pub use sync::lock_unpoisoned;
 
-use crate::error::{Error, ErrorKind, Result};
-use crate::key::LockKey;
-use crate::lease::{FencingToken, Lease, LeaseId};
+use crate::values::error::{Error, ErrorKind, Result};
+use crate::values::key::LockKey;
+use crate::values::lease::{FencingToken, Lease, LeaseId};
 
 /// A shareable, type-erased backend: what the client layer and the conformance suite hold.
 pub type DynBackend = Arc<dyn LockBackend>;
@@ -66,6 +82,40 @@ pub enum ReleaseOutcome {
     /// The lease was not held, and it cannot have expired yet: an earlier attempt (whose
     /// reply may have been lost) released it already. Nobody else's lock was touched.
     AlreadyReleased,
+}
+
+/// What the store found when it applied an operation conditional on one lease
+/// ([`renew`](LockBackend::renew), [`expire_in`](LockBackend::expire_in),
+/// [`release`](LockBackend::release), [`write_record`](LockBackend::write_record)).
+///
+/// `NotHeld` is not an error of the store but news the caller must act on (the lease is
+/// lost, or was already released), hence a type the compiler makes it look at.
+#[must_use = "NotHeld means the lease is gone and the operation changed nothing"]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ownership {
+    /// The lease was live, and the operation took effect (renewed, shortened, released,
+    /// recorded).
+    Held,
+    /// The lease was not live (never held, released, expired or replaced): nothing was
+    /// changed.
+    NotHeld,
+}
+
+impl Ownership {
+    /// `Held` when the store's conditional step `took_effect` (a row updated, a script
+    /// answering 1), `NotHeld` otherwise: for backends reading a store's raw answer.
+    pub fn held_if(took_effect: bool) -> Self {
+        if took_effect {
+            Ownership::Held
+        } else {
+            Ownership::NotHeld
+        }
+    }
+
+    /// Whether the lease was live and the operation took effect.
+    pub fn is_held(self) -> bool {
+        self == Ownership::Held
+    }
 }
 
 /// What a store answers to a successful acquisition attempt.
@@ -184,26 +234,32 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
     /// jumps the queue: while anyone queues for the key it grants nothing.
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>>;
 
-    /// Extends the live lease `lease_id` on `key` to `ttl` from now. Returns `false` when
-    /// that lease is not live in the store (expired, released or replaced): the lease is
-    /// lost, and nothing is changed. On a session backend, proves the lease's entry and
+    /// Extends the live lease `lease_id` on `key` to `ttl` from now. Answers
+    /// [`Ownership::NotHeld`] when that lease is not live in the store (expired, released
+    /// or replaced): the lease is lost, and nothing is changed. On a session backend, proves the lease's entry and
     /// its session alive (refreshing the session).
-    async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool>;
+    async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<Ownership>;
 
     /// Sets the live lease `lease_id` on `key` to end exactly `ttl` from now, sooner or
     /// later than it would have: for a hold that must end at a given time (a
-    /// once-per-window ticket finished early). Returns `false` when that lease is not live.
+    /// once-per-window ticket finished early). Answers [`Ownership::NotHeld`] when that lease
+    /// is not live.
     /// The default is [`renew`](Self::renew), right for a backend whose renewal sets the
     /// expiry exactly; a backend whose renewal never shortens a lease overrides it. Not
     /// used on session-bound backends (their holds cannot be shortened).
-    async fn expire_in(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
+    async fn expire_in(
+        &self,
+        key: &LockKey,
+        lease_id: LeaseId,
+        ttl: Duration,
+    ) -> Result<Ownership> {
         self.renew(key, lease_id, ttl).await
     }
 
     /// Renews many leases, answering for each in order as [`renew`](Self::renew) would.
     /// The default sends one [`renew`](Self::renew) per lease, a bounded number at a
     /// time; a [`Liveness::Batched`] backend overrides it with one round trip.
-    async fn renew_many(&self, leases: &[LeaseRenewal]) -> Vec<Result<bool>> {
+    async fn renew_many(&self, leases: &[LeaseRenewal]) -> Vec<Result<Ownership>> {
         use futures_util::StreamExt;
         let renewals: Vec<_> = leases
             .iter()
@@ -215,11 +271,11 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
             .await
     }
 
-    /// Removes the lease `lease_id` on `key` if it is live. Returns `false` when it was not
-    /// live (never held, already released, expired, or replaced by another lease), in
+    /// Removes the lease `lease_id` on `key` if it is live. Answers [`Ownership::NotHeld`]
+    /// when it was not live (never held, already released, expired, or replaced by another lease), in
     /// which case nothing else is touched. A backend that keeps expired entries may delete
     /// its own expired entry.
-    async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool>;
+    async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<Ownership>;
 
     /// Who holds `key`, or `None` if it is free (expired leases count as free).
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>>;
@@ -288,8 +344,8 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
 
     /// Backends with [`records`](Capabilities::records): stores `record` for `key` for
     /// `retention`, **fenced**: in one atomic step on the store, only while `lease_id`
-    /// holds `key`'s lock (a live, unexpired lease). Returns `false`, writing nothing,
-    /// when it does not: a holder that lost its lock cannot record over the next
+    /// holds `key`'s lock (a live, unexpired lease). Answers [`Ownership::NotHeld`],
+    /// writing nothing, when it does not: a holder that lost its lock cannot record over the next
     /// holder's result. Idempotent: writing the same record again succeeds.
     async fn write_record(
         &self,
@@ -297,7 +353,7 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
         lease_id: LeaseId,
         record: &Record,
         retention: Duration,
-    ) -> Result<bool> {
+    ) -> Result<Ownership> {
         let _ = (key, lease_id, record, retention);
         Err(no_records(self.name()))
     }
@@ -364,6 +420,7 @@ pub trait LockBackendExt: LockBackend {
 impl<B: LockBackend + ?Sized> LockBackendExt for B {
     async fn acquire_once(&self, request: &AcquireRequest, timeout: Duration) -> Result<Lease> {
         self.capabilities().check_ttl(request.ttl())?;
+        let request = &*request.prepared(self.capabilities());
         let sent_at = Instant::now();
         let reply = request
             .attempt(within(
@@ -384,6 +441,7 @@ impl<B: LockBackend + ?Sized> LockBackendExt for B {
         request: &AcquireRequest,
         timeout: Duration,
     ) -> Result<QueuedAttempt> {
+        let request = &*request.prepared(self.capabilities());
         let sent_at = Instant::now();
         let turn = request
             .attempt(within(
@@ -405,23 +463,21 @@ impl<B: LockBackend + ?Sized> LockBackendExt for B {
     async fn renew_lease(&self, lease: &Lease, ttl: Duration, timeout: Duration) -> Result<Lease> {
         self.capabilities().check_ttl(ttl)?;
         let sent_at = Instant::now();
-        let renewed = self.renew(lease.key(), lease.id(), ttl);
-        if within(sent_at, timeout, "renew", renewed).await? {
-            Ok(lease.renewed(ttl, sent_at))
-        } else {
-            Err(Error::lost(format!(
+        let renewed = self.renew(lease.key(), lease.id(), self.capabilities().store_ttl(ttl));
+        match within(sent_at, timeout, "renew", renewed).await? {
+            Ownership::Held => Ok(lease.renewed(ttl, sent_at)),
+            Ownership::NotHeld => Err(Error::lost(format!(
                 "lease on {:?} is no longer held",
                 lease.key().as_str()
-            )))
+            ))),
         }
     }
 
     async fn release_lease(&self, lease: &Lease, timeout: Duration) -> Result<ReleaseOutcome> {
         let released = self.release(lease.key(), lease.id());
-        if within(Instant::now(), timeout, "release", released).await? {
-            Ok(ReleaseOutcome::Released)
-        } else {
-            not_held_outcome(lease)
+        match within(Instant::now(), timeout, "release", released).await? {
+            Ownership::Held => Ok(ReleaseOutcome::Released),
+            Ownership::NotHeld => not_held_outcome(lease),
         }
     }
 }
@@ -481,7 +537,12 @@ macro_rules! forward_backend {
             async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
                 (**self).try_acquire(request).await
             }
-            async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
+            async fn renew(
+                &self,
+                key: &LockKey,
+                lease_id: LeaseId,
+                ttl: Duration,
+            ) -> Result<Ownership> {
                 (**self).renew(key, lease_id, ttl).await
             }
             async fn expire_in(
@@ -489,13 +550,13 @@ macro_rules! forward_backend {
                 key: &LockKey,
                 lease_id: LeaseId,
                 ttl: Duration,
-            ) -> Result<bool> {
+            ) -> Result<Ownership> {
                 (**self).expire_in(key, lease_id, ttl).await
             }
-            async fn renew_many(&self, leases: &[LeaseRenewal]) -> Vec<Result<bool>> {
+            async fn renew_many(&self, leases: &[LeaseRenewal]) -> Vec<Result<Ownership>> {
                 (**self).renew_many(leases).await
             }
-            async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
+            async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<Ownership> {
                 (**self).release(key, lease_id).await
             }
             async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
@@ -535,7 +596,7 @@ macro_rules! forward_backend {
                 lease_id: LeaseId,
                 record: &Record,
                 retention: Duration,
-            ) -> Result<bool> {
+            ) -> Result<Ownership> {
                 (**self)
                     .write_record(key, lease_id, record, retention)
                     .await

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use crate::error::{Error, ErrorKind, Result};
-use crate::lease::FencingToken;
+use crate::values::error::{Error, ErrorKind, Result};
+use crate::values::lease::FencingToken;
 
 /// The longest a record may be kept: thirty years, far beyond any retry and within every
 /// store's expiry (ZooKeeper's TTL nodes end first, at 2^40 - 1 ms, about 34.8 years).

@@ -5,12 +5,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::backend::session::Session;
 use crate::backend::Grant;
-use crate::error::{Error, Result};
-use crate::key::LockKey;
-use crate::lease::{Lease, LeaseId};
-use crate::options::Renewal;
-use crate::session::Session;
+use crate::values::error::{Error, Result};
+use crate::values::key::LockKey;
+use crate::values::lease::{Lease, LeaseId};
+use crate::values::options::Renewal;
 
 /// Everything a backend needs to grant one acquisition.
 ///
@@ -21,6 +21,8 @@ pub struct AcquireRequest {
     key: LockKey,
     lease_id: LeaseId,
     ttl: Duration,
+    /// `ttl` rounded up to the store's step, once the core has prepared the request.
+    store_ttl: Option<Duration>,
     drift: Duration,
     renewal: Renewal,
     holder_label: Option<Arc<str>>,
@@ -31,27 +33,23 @@ pub struct AcquireRequest {
 }
 
 impl AcquireRequest {
-    /// A request for `key` with a fresh lease id. `drift` is the clock-drift allowance.
-    pub fn new(key: LockKey, ttl: Duration, drift: Duration) -> Self {
+    /// A request for `key` with a fresh lease id. `drift` is the clock-drift allowance;
+    /// `renewal` says who keeps the grant alive: with [`Renewal::Manual`] it lives for its
+    /// TTL unless renewed; with [`Renewal::Auto`] the core's renewal engine keeps it alive,
+    /// so a session backend may bind it to a session it shares with the client's other
+    /// such leases and keeps alive itself.
+    pub fn new(key: LockKey, ttl: Duration, drift: Duration, renewal: Renewal) -> Self {
         AcquireRequest {
             key,
             lease_id: LeaseId::random(),
             ttl,
+            store_ttl: None,
             drift,
-            renewal: Renewal::Manual,
+            renewal,
             holder_label: None,
             unanswered: Arc::default(),
             in_flight: Arc::default(),
         }
-    }
-
-    /// The same request, renewed by `renewal`. By default ([`Renewal::Manual`]) a grant
-    /// lives for its TTL unless renewed; with [`Renewal::Auto`] the core's renewal engine
-    /// keeps it alive, so a session backend may bind it to a session it shares with the
-    /// client's other such leases and keeps alive itself.
-    pub fn with_renewal(mut self, renewal: Renewal) -> Self {
-        self.renewal = renewal;
-        self
     }
 
     /// The same request, labelled for [`LockStatus::holder`](crate::LockStatus::holder).
@@ -116,9 +114,34 @@ impl AcquireRequest {
         self.lease_id
     }
 
-    /// The time to live to ask the store for.
+    /// The time to live the caller asked for: the lease's local deadline counts from it.
     pub fn ttl(&self) -> Duration {
         self.ttl
+    }
+
+    /// The time to live to ask the store for: [`ttl`](Self::ttl) rounded up to the
+    /// store's [`ttl_granularity`](crate::Capabilities::ttl_granularity) by the core
+    /// (a request no core call prepared, e.g. in a backend's own test, asks for `ttl`).
+    /// Backends use this, and never round themselves.
+    pub fn store_ttl(&self) -> Duration {
+        self.store_ttl.unwrap_or(self.ttl)
+    }
+
+    /// The same request with its store TTL rounded for a store with `capabilities`.
+    pub fn for_store(mut self, capabilities: &crate::Capabilities) -> Self {
+        self.store_ttl = Some(capabilities.store_ttl(self.ttl));
+        self
+    }
+
+    /// This request prepared for `capabilities`: itself if it already is.
+    pub(crate) fn prepared(
+        &self,
+        capabilities: &crate::Capabilities,
+    ) -> std::borrow::Cow<'_, Self> {
+        match self.store_ttl {
+            Some(_) => std::borrow::Cow::Borrowed(self),
+            None => std::borrow::Cow::Owned(self.clone().for_store(capabilities)),
+        }
     }
 
     /// The clock-drift allowance the granted lease's local deadline will subtract.

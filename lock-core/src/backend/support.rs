@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, Result};
+use crate::values::error::{Error, Result};
 
 /// Bounds one store request, turning silence into
 /// [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable).
@@ -33,7 +33,7 @@ pub(crate) async fn within<T>(
     if let std::task::Poll::Ready(result) = first {
         return result;
     }
-    let deadline = crate::options::saturating_add(sent_at, timeout);
+    let deadline = crate::values::options::saturating_add(sent_at, timeout);
     match tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), request).await {
         Ok(result) => result,
         Err(_) => Err(Error::unavailable(format!(

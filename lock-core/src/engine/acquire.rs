@@ -11,10 +11,11 @@ use crate::engine::cleanup::{Cleanup, CleanupOf};
 use crate::engine::held::HeldLock;
 use crate::engine::local::Handoff;
 use crate::engine::{outcome_name, ClientCore};
-use crate::error::{Error, ErrorKind, Result};
-use crate::key::LockKey;
-use crate::lease::Lease;
-use crate::options::{AcquireOptions, Wait, WaitSpec};
+use crate::observe;
+use crate::values::error::{Error, ErrorKind, Result};
+use crate::values::key::LockKey;
+use crate::values::lease::Lease;
+use crate::values::options::{AcquireOptions, LeaseSharing, Wait, WaitSpec};
 
 /// Acquires `key` per `options` and hands the lease to the client's renewal engine.
 ///
@@ -25,19 +26,43 @@ pub(crate) async fn acquire_held(
     key: LockKey,
     options: AcquireOptions,
 ) -> Result<Arc<HeldLock>> {
-    check_options(&core.backend, &options)?;
     let started = Instant::now();
-    let mut turn = core.local.enter(&key, options.wait, started).await?;
+    let backend = core.backend.name();
+    // Counted while it waits, in the local line or at the store (cancellation included).
+    let _waiter = (options.wait != Wait::No).then(|| observe::Waiter::count(backend));
+    let held = acquire_counted(core, key, options, started).await;
+    observe::acquired(backend, outcome_name(&held), started);
+    held
+}
+
+async fn acquire_counted(
+    core: &Arc<ClientCore>,
+    key: LockKey,
+    options: AcquireOptions,
+    started: Instant,
+) -> Result<Arc<HeldLock>> {
+    core.refuse_if_shut_down()?;
+    check_options(&core.backend, &options)?;
+    let line = tracing::debug_span!(
+        "distlock.wait",
+        backend = core.backend.name(),
+        key = %key,
+        line = "local",
+        outcome = tracing::field::Empty
+    );
+    let entered = core
+        .local
+        .enter(&key, options.wait, started)
+        .instrument(line.clone())
+        .await;
+    line.record("outcome", outcome_name(&entered));
+    let mut turn = entered?;
     if let Some(handed) = turn.take_handed() {
-        if options.local_handoff && handed.lease.is_valid() {
+        if options.lease_sharing == LeaseSharing::SharedWithLocalWaiters && handed.lease.is_valid()
+        {
             tracing::debug!(%key, token = %handed.lease.token(), "lease handed over locally");
-            return Ok(HeldLock::start(
-                core,
-                handed.lease,
-                options,
-                None,
-                Some(turn),
-            ));
+            return HeldLock::start_unless_shut_down(core, handed.lease, options, None, Some(turn))
+                .await;
         }
         // Not wanted here (or run out meanwhile): the store gets it back first, so this
         // task's own attempt does not find the key held by a lease nobody holds. Should
@@ -58,13 +83,7 @@ pub(crate) async fn acquire_held(
         ..options.clone()
     };
     let (lease, release_again) = acquire_lease(&core.backend, key, &remote).await?;
-    Ok(HeldLock::start(
-        core,
-        lease,
-        options,
-        release_again,
-        Some(turn),
-    ))
+    HeldLock::start_unless_shut_down(core, lease, options, release_again, Some(turn)).await
 }
 
 fn check_options(backend: &DynBackend, options: &AcquireOptions) -> Result<()> {
@@ -104,16 +123,21 @@ async fn acquire_lease(
         "distlock.acquire",
         backend = backend.name(),
         key = %key,
-        attempts = tracing::field::Empty,
+        lease = tracing::field::Empty,
         wait_ms = tracing::field::Empty,
         token = tracing::field::Empty,
         outcome = tracing::field::Empty,
     );
     async move {
         let started = Instant::now();
-        let request = AcquireRequest::new(key, options.ttl, options.drift_allowance())
-            .with_renewal(options.renewal)
-            .with_holder_label(options.holder_label.clone());
+        let request =
+            AcquireRequest::new(key, options.ttl, options.drift_allowance(), options.renewal)
+                .with_holder_label(options.holder_label.clone())
+                .for_store(backend.capabilities());
+        tracing::Span::current().record(
+            "lease",
+            tracing::field::display(observe::lease_prefix(request.lease_id())),
+        );
         let mut cleanup = AbandonedAttempt {
             backend: backend.clone(),
             request: request.clone(),
@@ -138,28 +162,20 @@ async fn acquire_lease(
                     .acquire_once(&request, options.request_timeout)
                     .await
             }
-            // The waiting paths are boxed: their state is large, and the common no-wait
-            // and first-attempt path should not carry (and move) it.
-            _ if backend.capabilities().fair_ordering => {
-                Box::pin(crate::engine::queue::acquire_in_queue(
-                    backend, &request, &spec,
-                ))
-                .await
-            }
             _ => {
-                let subscribing = backend
-                    .capabilities()
-                    .native_notification
-                    .then(|| backend.watch(request.key()));
-                let herd = crate::engine::poll::Wakes::Herd;
-                crate::engine::poll::wait_for_grant(
-                    request.key(),
-                    &spec,
-                    (herd, false),
-                    subscribing,
-                    |timeout| backend.acquire_once(&request, timeout),
-                )
-                .await
+                let wait = tracing::debug_span!(
+                    "distlock.wait",
+                    backend = backend.name(),
+                    key = %request.key(),
+                    line = "store",
+                    attempts = tracing::field::Empty,
+                    outcome = tracing::field::Empty,
+                );
+                let waited = Box::pin(wait_at_store(backend, &request, &spec))
+                    .instrument(wait.clone())
+                    .await;
+                wait.record("outcome", outcome_name(&waited));
+                waited
             }
         };
         let span = tracing::Span::current();
@@ -189,6 +205,34 @@ async fn acquire_lease(
         result.map(|lease| (lease, release_again))
     }
     .instrument(span)
+    .await
+}
+
+/// Waits at the store: in its fair queue, or by attempts woken by its notifications (or
+/// polls). Boxed by the caller: its state is large, and the common no-wait and
+/// first-attempt path should not carry (and move) it.
+async fn wait_at_store(
+    backend: &DynBackend,
+    request: &AcquireRequest,
+    spec: &WaitSpec,
+) -> Result<Lease> {
+    if backend.capabilities().fair_ordering {
+        return crate::engine::queue::acquire_in_queue(backend, request, spec).await;
+    }
+    let subscribing = backend
+        .capabilities()
+        .native_notification
+        .then(|| backend.watch(request.key()));
+    crate::engine::poll::wait_for_grant(
+        request.key(),
+        spec,
+        crate::engine::poll::WaitStart {
+            wakes: crate::engine::poll::Wakes::Herd,
+            store_answered: false,
+        },
+        subscribing,
+        |timeout| backend.acquire_once(request, timeout),
+    )
     .await
 }
 
@@ -227,8 +271,10 @@ impl Drop for AbandonedAttempt {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{Capabilities, Grant, HolderInfo, KeyWatch, LockBackend, ReleaseFeed};
-    use crate::lease::LeaseId;
+    use crate::backend::{
+        Capabilities, Grant, HolderInfo, KeyWatch, LockBackend, Ownership, ReleaseFeed,
+    };
+    use crate::values::lease::LeaseId;
     use crate::{AcquireOptions, LockClient, MemoryBackend};
     use std::future::IntoFuture;
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -276,10 +322,15 @@ mod tests {
                 .await
                 .map_err(|e| Error::new(ErrorKind::Internal, e.to_string()))?
         }
-        async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
+        async fn renew(
+            &self,
+            key: &LockKey,
+            lease_id: LeaseId,
+            ttl: Duration,
+        ) -> Result<Ownership> {
             self.store.renew(key, lease_id, ttl).await
         }
-        async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
+        async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<Ownership> {
             self.releases.fetch_add(1, Ordering::SeqCst);
             let released = self.store.release(key, lease_id).await;
             self.feed.released(key.as_str());
@@ -299,9 +350,9 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn look_again_wake_ups_do_not_delay_the_next_release() {
         let link = TestLink::new(MemoryBackend::new(), Duration::ZERO);
-        let holder = LockClient::from_dyn(link.clone());
+        let holder = LockClient::new(link.clone());
         // Pauses after contended wake-ups, and the fallback poll, would both be seconds.
-        let waiter = LockClient::from_dyn(link.clone()).with_defaults(AcquireOptions {
+        let waiter = LockClient::new(link.clone()).with_defaults(AcquireOptions {
             backoff: crate::Backoff {
                 initial: Duration::from_secs(5),
                 max: Duration::from_secs(10),
@@ -358,10 +409,15 @@ mod tests {
         async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
             self.store.try_acquire(request).await
         }
-        async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
+        async fn renew(
+            &self,
+            key: &LockKey,
+            lease_id: LeaseId,
+            ttl: Duration,
+        ) -> Result<Ownership> {
             self.store.renew(key, lease_id, ttl).await
         }
-        async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
+        async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<Ownership> {
             self.releasing.fetch_add(1, Ordering::SeqCst);
             tokio::time::sleep(self.slow).await;
             self.store.release(key, lease_id).await
@@ -383,13 +439,22 @@ mod tests {
             slow,
             releasing: AtomicU64::new(0),
         });
-        let client = LockClient::from_dyn(link.clone()).with_defaults(AcquireOptions {
+        let client = LockClient::new(link.clone()).with_defaults(AcquireOptions {
             ttl: Duration::from_secs(60),
             ..AcquireOptions::default()
         });
-        let holder = client.lock("k").local_handoff(true).await.unwrap();
+        let holder = client
+            .lock("k")
+            .share_lease_with_local_waiters()
+            .await
+            .unwrap();
         // Waits in the client's local line without opting into the handoff.
-        let receiver = tokio::spawn(client.lock("k").local_handoff(false).into_future());
+        let receiver = tokio::spawn(
+            client
+                .lock("k")
+                .lease_sharing(LeaseSharing::OwnLease)
+                .into_future(),
+        );
         wait_until(|| client.local_waiters("k") == 1).await;
         // Handed over locally, so no store call: the receiver now gives it back (slowly).
         holder.release().await.unwrap();
@@ -424,7 +489,7 @@ mod tests {
             (Duration::from_millis(100), Duration::from_millis(50), 2),
         ] {
             let link = TestLink::new(store.clone(), land_after);
-            let client = LockClient::from_dyn(link.clone()).with_defaults(AcquireOptions {
+            let client = LockClient::new(link.clone()).with_defaults(AcquireOptions {
                 request_timeout,
                 backoff: crate::Backoff {
                     initial: Duration::from_secs(1),
@@ -447,7 +512,7 @@ mod tests {
     async fn an_acquisition_landing_after_its_cleanup_is_released_again() {
         let store = MemoryBackend::new();
         let link = TestLink::new(store.clone(), Duration::from_millis(50));
-        let client = LockClient::from_dyn(link).with_defaults(AcquireOptions {
+        let client = LockClient::new(link).with_defaults(AcquireOptions {
             ttl: Duration::from_secs(60),
             request_timeout: Duration::from_millis(200),
             ..AcquireOptions::default()

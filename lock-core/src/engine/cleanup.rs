@@ -15,11 +15,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::backend::unanswered;
 use crate::backend::{with_timeout, DynBackend};
-use crate::error::ErrorKind;
-use crate::key::LockKey;
-use crate::lease::LeaseId;
-use crate::options::Backoff;
+use crate::values::key::LockKey;
+use crate::values::lease::LeaseId;
+use crate::values::options::Backoff;
 
 /// Pauses between tries of a failed clean-up: soon at first, then every few seconds at
 /// most, so an outage of any length costs the store little and the key is free soon after
@@ -77,7 +77,7 @@ impl CleanupOf {
         let backend = Arc::clone(backend);
         runtime.spawn(async move {
             let give_up = (!session_bound).then(|| {
-                crate::options::saturating_add(
+                crate::values::options::saturating_add(
                     Instant::now(),
                     self.ttl.saturating_add(self.timeout),
                 )
@@ -97,10 +97,7 @@ impl CleanupOf {
     /// entry has expired anyway, or the store refused for good).
     async fn run_until_answered(&self, live: &DynBackend, give_up: Option<Instant>) -> bool {
         let (outcome, tries) = RETRY
-            .retry_while(
-                || give_up.is_none_or(|at| Instant::now() < at),
-                || self.try_once(live),
-            )
+            .retry_until(give_up, unanswered, || self.try_once(live))
             .await;
         let what = self.what.name();
         match outcome {
@@ -110,7 +107,7 @@ impl CleanupOf {
                 }
                 true
             }
-            Err(err) if matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::TimedOut) => {
+            Err(err) if unanswered(&err) => {
                 tracing::debug!(error = %err, key = %self.key, clean_up = what, tries, "clean-up unanswered until the entry expired by its TTL");
                 false
             }

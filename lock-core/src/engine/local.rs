@@ -7,7 +7,9 @@
 //! waiting task costs, and they get the key in FIFO order among themselves.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use std::sync::Mutex;
@@ -16,10 +18,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::backend::{held_by_another, lock_unpoisoned, DynBackend};
 use crate::engine::cleanup::{Cleanup, CleanupOf};
-use crate::error::{Error, ErrorKind, Result};
-use crate::key::LockKey;
-use crate::lease::Lease;
-use crate::options::Wait;
+use crate::values::error::{Error, ErrorKind, Result};
+use crate::values::key::LockKey;
+use crate::values::lease::Lease;
+use crate::values::options::Wait;
 
 type Lines = Arc<Mutex<HashMap<LockKey, Arc<Line>>>>;
 
@@ -95,28 +97,36 @@ impl LocalLines {
             Wait::No => semaphore
                 .try_acquire_owned()
                 .map_err(|_| held_by_another(key))?,
-            Wait::Forever => {
-                let _waiting = Waiting::count(&turn.line);
-                semaphore.acquire_owned().await.map_err(closed)?
-            }
-            Wait::UpTo(_) => {
-                let _waiting = Waiting::count(&turn.line);
+            Wait::Forever | Wait::UpTo(_) => {
                 let acquire = semaphore.acquire_owned();
-                match wait.deadline_from(started) {
-                    Some(until) => tokio::time::timeout_at(until.into(), acquire)
-                        .await
-                        .map_err(|_| {
-                            Error::new(
-                                ErrorKind::TimedOut,
-                                format!(
-                                    "{:?} stayed held by this client's other tasks for the whole wait",
-                                    key.as_str()
-                                ),
-                            )
-                        })?
-                        .map_err(closed)?,
-                    None => acquire.await.map_err(closed)?,
-                }
+                tokio::pin!(acquire);
+                // Counted only once the semaphore has it in line: a task seen waiting
+                // (`local_waiters`) is then served before any task that comes after it.
+                // Counted first, a task preempted between the two steps was overtaken
+                // by one that arrived after it had been seen waiting.
+                let first = std::future::poll_fn(|cx| Poll::Ready(acquire.as_mut().poll(cx))).await;
+                let (_waiting, acquired) = match first {
+                    Poll::Ready(acquired) => (None, acquired),
+                    Poll::Pending => {
+                        let waiting = Waiting::count(&turn.line);
+                        let acquired = match wait.deadline_from(started) {
+                            Some(until) => tokio::time::timeout_at(until.into(), acquire)
+                                .await
+                                .map_err(|_| {
+                                    Error::new(
+                                        ErrorKind::TimedOut,
+                                        format!(
+                                            "{:?} stayed held by this client's other tasks for the whole wait",
+                                            key.as_str()
+                                        ),
+                                    )
+                                })?,
+                            None => acquire.await,
+                        };
+                        (Some(waiting), acquired)
+                    }
+                };
+                acquired.map_err(closed)?
             }
         };
         turn.permit = Some(permit);

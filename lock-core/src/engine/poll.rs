@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use tokio::time::{sleep_until, Instant as TokioInstant};
 
 use crate::backend::{Change, KeyWatch};
-use crate::error::{Error, ErrorKind, Result};
-use crate::key::LockKey;
-use crate::lease::Lease;
-use crate::options::{saturating_add, WaitSpec};
+use crate::values::error::{Error, ErrorKind, Result};
+use crate::values::key::LockKey;
+use crate::values::lease::Lease;
+use crate::values::options::{saturating_add, WaitSpec};
 
 /// Who a store's notification wakes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,7 +49,7 @@ pub(crate) type Subscribing<'a> =
 pub(crate) async fn wait_for_grant<'a, A, F>(
     key: &LockKey,
     wait: &WaitSpec,
-    (wakes, answered): (Wakes, bool),
+    start: WaitStart,
     subscribing: Option<Subscribing<'a>>,
     mut attempt_once: A,
 ) -> Result<Lease>
@@ -57,101 +57,178 @@ where
     A: FnMut(Duration) -> F,
     F: Future<Output = Result<Lease>>,
 {
-    let mut subscribing = subscribing;
-    let mut watch = None;
-    // Notification wake-ups so far whose attempt still found the key held.
-    let mut woken_in_vain: u32 = 0;
-    let mut attempt: u32 = 0;
-    // Whether the store has answered this acquisition yet (a fair queue's enqueue is an
-    // answer): an attempt cut short by the end of the wait then means the wait is over.
-    let mut store_answered = answered;
+    let mut waiter = Waiter {
+        wait,
+        wakes: start.wakes,
+        store_answered: start.store_answered,
+        subscribing,
+        watch: None,
+        woken_in_vain: 0,
+        attempts: 0,
+    };
     loop {
+        let (failure, subscribed_meanwhile) = match waiter.attempt(&mut attempt_once).await {
+            Attempted::Granted(lease) => return Ok(lease),
+            Attempted::GaveUp(err) => return Err(err),
+            Attempted::NotYet {
+                failure,
+                subscribed_meanwhile,
+            } => (failure, subscribed_meanwhile),
+        };
         let now = Instant::now();
-        // Each attempt is bounded by the wait too, so a silent store cannot hold a
-        // bounded waiter past its bound.
+        if wait.until.is_some_and(|until| now >= until) {
+            return Err(match failure.kind() {
+                ErrorKind::HeldByAnother => Error::new(
+                    ErrorKind::TimedOut,
+                    format!("{:?} stayed held for the whole wait", key.as_str()),
+                ),
+                _ => failure,
+            });
+        }
+        if subscribed_meanwhile && failure.kind() == ErrorKind::HeldByAnother {
+            continue;
+        }
+        waiter.pause(failure.kind(), now).await;
+    }
+}
+
+/// How a wait begins.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct WaitStart {
+    /// Who a notification wakes.
+    pub wakes: Wakes,
+    /// Whether the store has answered this acquisition already (a fair queue's enqueue
+    /// is an answer).
+    pub store_answered: bool,
+}
+
+/// What one attempt of a wait came to.
+enum Attempted {
+    Granted(Lease),
+    /// An error that ends the wait.
+    GaveUp(Error),
+    /// The key is still held (or the store did not answer): pause, then attempt again.
+    NotYet {
+        failure: Error,
+        /// The subscription completed while the attempt ran: a release before it may have
+        /// gone unheard.
+        subscribed_meanwhile: bool,
+    },
+}
+
+/// The state of one wait between its attempts.
+struct Waiter<'w, 'a> {
+    wait: &'w WaitSpec,
+    wakes: Wakes,
+    /// Whether the store has answered this acquisition yet: an attempt cut short by the
+    /// end of the wait then means the wait is over.
+    store_answered: bool,
+    subscribing: Option<Subscribing<'a>>,
+    watch: Option<Box<dyn KeyWatch>>,
+    /// Notification wake-ups so far whose attempt still found the key held.
+    woken_in_vain: u32,
+    attempts: u32,
+}
+
+impl Waiter<'_, '_> {
+    /// One attempt, bounded by the wait too, so a silent store cannot hold a bounded
+    /// waiter past its bound.
+    async fn attempt<A, F>(&mut self, attempt_once: &mut A) -> Attempted
+    where
+        A: FnMut(Duration) -> F,
+        F: Future<Output = Result<Lease>>,
+    {
+        let (wait, now) = (self.wait, Instant::now());
         let (timeout, cut_by_wait) = match wait.until {
             Some(until) if until > now && until - now < wait.request_timeout => (until - now, true),
             _ => (wait.request_timeout, false),
         };
         let once = attempt_once(timeout);
-        let (outcome, subscribed_meanwhile) = alongside(once, &mut subscribing, &mut watch).await;
+        let (outcome, subscribed_meanwhile) =
+            alongside(once, &mut self.subscribing, &mut self.watch).await;
+        self.attempts = self.attempts.saturating_add(1);
+        tracing::Span::current().record("attempts", self.attempts);
         let failure = match outcome {
-            Ok(lease) => {
-                tracing::Span::current().record("attempts", attempt + 1);
-                return Ok(lease);
-            }
+            Ok(lease) => return Attempted::Granted(lease),
             Err(err) if err.kind() == ErrorKind::HeldByAnother => {
-                store_answered = true;
+                self.store_answered = true;
                 err
             }
             // An attempt cut short by the end of the wait, on a store that has been
             // answering, means the wait is over, not that the store is gone.
-            Err(err) if err.kind() == ErrorKind::Unavailable && cut_by_wait && store_answered => {
+            Err(err)
+                if err.kind() == ErrorKind::Unavailable && cut_by_wait && self.store_answered =>
+            {
                 Error::new(ErrorKind::HeldByAnother, err.message().to_string())
             }
             Err(err) if err.kind() == ErrorKind::Unavailable => err,
-            Err(err) => return Err(err),
+            Err(err) => return Attempted::GaveUp(err),
         };
-        attempt = attempt.saturating_add(1);
-        tracing::Span::current().record("attempts", attempt);
-        let now = Instant::now();
-        if let Some(until) = wait.until {
-            if now >= until {
-                return Err(match failure.kind() {
-                    ErrorKind::HeldByAnother => Error::new(
-                        ErrorKind::TimedOut,
-                        format!("{:?} stayed held for the whole wait", key.as_str()),
-                    ),
-                    _ => failure,
-                });
-            }
+        Attempted::NotYet {
+            failure,
+            subscribed_meanwhile,
         }
-        if subscribed_meanwhile && failure.kind() == ErrorKind::HeldByAnother {
-            continue;
-        }
-        let bounded = |instant: Instant| wait.until.map_or(instant, |until| instant.min(until));
-        let wake = bounded(saturating_add(now, wait.backoff.pause(attempt - 1)));
-        match watch.as_mut() {
-            Some(changes) if failure.kind() == ErrorKind::HeldByAnother => {
+    }
+
+    /// The pause after a failed attempt (of kind `failed`) that ended at `now`: until a
+    /// notification or the fallback poll where the key is watched, the backoff otherwise.
+    async fn pause(&mut self, failed: ErrorKind, now: Instant) {
+        let wait = self.wait;
+        let wake = self.bounded(saturating_add(now, wait.backoff.pause(self.attempts - 1)));
+        match self.watch.as_mut() {
+            Some(changes) if failed == ErrorKind::HeldByAnother => {
                 // Half to all of the cap, so waiters that lost notifications together do
                 // not poll together.
                 let max = wait.backoff.max;
                 let jittered = max / 2 + (max / 2).mul_f64(fastrand::f64());
-                let fallback = bounded(saturating_add(now, jittered));
-                tokio::select! {
-                    changed = changes.changed() => match changed {
-                        Err(err) => {
-                            tracing::debug!(error = %err, "notification stream ended; polling instead");
-                            watch = None;
-                        }
-                        // Not a release someone else won: attempt at once, and a failure
-                        // after it says nothing about contention.
-                        Ok(Change::LookAgain) => {}
-                        Ok(Change::Released) => {
-                            if woken_in_vain > 0 && wakes == Wakes::Herd {
-                                let pause = wait.backoff.pause(woken_in_vain - 1);
-                                let resume = bounded(saturating_add(Instant::now(), pause));
-                                sleep_until(TokioInstant::from_std(resume)).await;
-                            }
-                            woken_in_vain = woken_in_vain.saturating_add(1);
-                        }
-                    },
-                    () = sleep_until(TokioInstant::from_std(fallback)) => {}
-                }
+                let fallback = wait.until.map_or(saturating_add(now, jittered), |until| {
+                    saturating_add(now, jittered).min(until)
+                });
+                let changed = tokio::select! {
+                    changed = changes.changed() => changed,
+                    () = sleep_until(TokioInstant::from_std(fallback)) => return,
+                };
+                self.woken(changed).await;
             }
             // Polling; a subscription completing meanwhile ends the pause, and the attempt
             // that follows at once covers a release before it.
-            _ => match subscribing.as_mut() {
+            _ => match self.subscribing.as_mut() {
                 Some(pending) => tokio::select! {
                     subscribed = pending => {
-                        subscribing = None;
-                        watch = subscription_made(subscribed);
+                        self.subscribing = None;
+                        self.watch = subscription_made(subscribed);
                     }
                     () = sleep_until(TokioInstant::from_std(wake)) => {}
                 },
                 None => sleep_until(TokioInstant::from_std(wake)).await,
             },
         }
+    }
+
+    /// A notification arrived: after wake-ups in vain, a herd pauses before attempting.
+    async fn woken(&mut self, changed: Result<Change>) {
+        match changed {
+            Err(err) => {
+                tracing::debug!(error = %err, "notification stream ended; polling instead");
+                self.watch = None;
+            }
+            // Not a release someone else won: attempt at once, and a failure after it says
+            // nothing about contention.
+            Ok(Change::LookAgain) => {}
+            Ok(Change::Released) => {
+                if self.woken_in_vain > 0 && self.wakes == Wakes::Herd {
+                    let pause = self.wait.backoff.pause(self.woken_in_vain - 1);
+                    let resume = self.bounded(saturating_add(Instant::now(), pause));
+                    sleep_until(TokioInstant::from_std(resume)).await;
+                }
+                self.woken_in_vain = self.woken_in_vain.saturating_add(1);
+            }
+        }
+    }
+
+    /// `instant`, or the end of the wait if sooner.
+    fn bounded(&self, instant: Instant) -> Instant {
+        self.wait.until.map_or(instant, |until| instant.min(until))
     }
 }
 

@@ -13,11 +13,11 @@ use std::time::{Duration, Instant};
 
 use crate::backend::{with_timeout, AcquireRequest, DynBackend, LockBackendExt, QueuedAttempt};
 use crate::engine::cleanup::{Cleanup, CleanupOf};
-use crate::engine::poll::Wakes;
-use crate::error::{Error, ErrorKind, Result};
-use crate::key::LockKey;
-use crate::lease::Lease;
-use crate::options::WaitSpec;
+use crate::engine::poll::{WaitStart, Wakes};
+use crate::values::error::{Error, ErrorKind, Result};
+use crate::values::key::LockKey;
+use crate::values::lease::Lease;
+use crate::values::options::WaitSpec;
 
 pub(crate) async fn acquire_in_queue(
     backend: &DynBackend,
@@ -37,7 +37,7 @@ pub(crate) async fn acquire_in_queue(
     };
     // The fallback poll keeps a live waiter's entry from expiring like a dead one's.
     let spec = WaitSpec {
-        backoff: crate::options::Backoff {
+        backoff: crate::values::options::Backoff {
             max: wait
                 .backoff
                 .max
@@ -53,7 +53,10 @@ pub(crate) async fn acquire_in_queue(
         request.key(),
         &spec,
         // The enqueue was answered: the store is answering.
-        (Wakes::Turn, true),
+        WaitStart {
+            wakes: Wakes::Turn,
+            store_answered: true,
+        },
         Some(subscribing),
         |timeout| {
             async move {
@@ -98,7 +101,7 @@ async fn enqueue_within(
                 let pause = wait.backoff.pause(attempt);
                 attempt += 1;
                 if wait.until.is_some_and(|until| {
-                    crate::options::saturating_add(Instant::now(), pause) >= until
+                    crate::values::options::saturating_add(Instant::now(), pause) >= until
                 }) {
                     return Err(err);
                 }
@@ -200,10 +203,10 @@ mod tests {
             .build()
             .unwrap();
         let store = Arc::new(MemoryBackend::fair());
-        let client = LockClient::from_dyn(store.clone());
+        let client = LockClient::new(store.clone());
         // A client of its own, so it queues in the store rather than behind the holder
         // in this process.
-        let waiter = LockClient::from_dyn(store);
+        let waiter = LockClient::new(store);
         runtime.block_on(async {
             let holder = client.try_lock("k").await.unwrap();
             tokio::spawn(async move {

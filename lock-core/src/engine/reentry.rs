@@ -10,9 +10,9 @@ use crate::backend::lock_unpoisoned as lock;
 use crate::engine::acquire::acquire_held;
 use crate::engine::held::HeldLock;
 use crate::engine::ClientCore;
-use crate::error::{Error, ErrorKind, Result};
-use crate::key::LockKey;
-use crate::options::{AcquireOptions, Wait};
+use crate::values::error::{Error, ErrorKind, Result};
+use crate::values::key::LockKey;
+use crate::values::options::{AcquireOptions, Wait};
 
 /// The keys one reentrant owner holds or is acquiring. Shared by the owner's clones.
 #[derive(Debug, Default)]

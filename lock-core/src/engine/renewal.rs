@@ -26,11 +26,12 @@ use tokio::sync::Notify;
 use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::{sleep_until, Instant as TokioInstant};
 
-use crate::backend::{lock_unpoisoned, with_timeout, DynBackend, LeaseRenewal, Session};
-use crate::engine::held::{HeldLock, Status};
-use crate::error::{ErrorKind, Result};
-use crate::lease::Lease;
-use crate::options::Renewal;
+use crate::backend::{lock_unpoisoned, with_timeout, DynBackend, LeaseRenewal, Ownership, Session};
+use crate::engine::held::{HeldLock, LossReason, Status};
+use crate::observe;
+use crate::values::error::{ErrorKind, Result};
+use crate::values::lease::Lease;
+use crate::values::options::Renewal;
 
 /// Leases renewed by one call at most, so no request grows without bound.
 const MAX_BATCH: usize = 1000;
@@ -198,7 +199,7 @@ impl Drop for TrackedSession {
 struct Renewed {
     sent_at: Instant,
     leases: Vec<(u64, Lease)>,
-    results: Vec<Result<bool>>,
+    results: Vec<Result<Ownership>>,
 }
 
 struct Engine {
@@ -334,7 +335,12 @@ impl Engine {
                 continue;
             };
             if status.expired {
-                held.mark_lost("the store ended the lease's session");
+                held.mark_lost(
+                    LossReason::SessionEnded,
+                    "the store ended the lease's session",
+                );
+            } else if status.disconnected {
+                held.suspended();
             } else if let Some(lease) = held.lease().proven_by(&status) {
                 held.renewed(lease);
             }
@@ -363,8 +369,18 @@ impl Engine {
         }
         let lease = state.lease;
         let deadline = lease.valid_until();
-        if Instant::now() >= deadline {
-            held.mark_lost("the local deadline passed without a renewal");
+        let now = Instant::now();
+        if now >= deadline {
+            held.mark_lost(
+                LossReason::DeadlinePassed,
+                "the local deadline passed without a renewal",
+            );
+            self.forget(id);
+            return;
+        }
+        let cap = held.hold_cap();
+        if cap.is_some_and(|cap| now >= cap) {
+            held.mark_lost(LossReason::HoldCapReached, "the hold reached max_hold");
             self.forget(id);
             return;
         }
@@ -373,6 +389,7 @@ impl Engine {
             Some(renew_at) => tracked.retry_at.unwrap_or(renew_at).min(deadline),
             None => deadline,
         };
+        let wake = cap.map_or(wake, |cap| wake.min(cap));
         tracked.wake = wake;
         self.schedule.insert((wake, id));
     }
@@ -482,7 +499,7 @@ impl Engine {
             .map(|(_, lease, ttl)| LeaseRenewal {
                 key: lease.key().clone(),
                 lease_id: lease.id(),
-                ttl: *ttl,
+                ttl: self.backend.capabilities().store_ttl(*ttl),
             })
             .collect();
         let leases = leases
@@ -491,13 +508,21 @@ impl Engine {
             .collect();
         let backend = self.backend.clone();
         let timeout = timeout.max(Duration::from_millis(1));
-        self.renewing.spawn(async move {
+        let span = tracing::debug_span!(
+            "distlock.renew_batch",
+            backend = backend.name(),
+            leases = items.len(),
+            outcome = tracing::field::Empty
+        );
+        let call = async move {
             let sent_at = Instant::now();
-            let results = match with_timeout(timeout, "renew", async {
+            let answer = with_timeout(timeout, "renew", async {
                 Ok(backend.renew_many(&items).await)
             })
-            .await
-            {
+            .await;
+            observe::renewal_call(backend.name(), sent_at.elapsed());
+            tracing::Span::current().record("outcome", crate::engine::outcome_name(&answer));
+            let results = match answer {
                 Ok(results) if results.len() == items.len() => results,
                 Ok(results) => {
                     let err = crate::Error::new(
@@ -517,7 +542,9 @@ impl Engine {
                 leases,
                 results,
             }
-        });
+        };
+        self.renewing
+            .spawn(tracing::Instrument::instrument(call, span));
     }
 
     fn renewed(&mut self, renewed: Renewed) {
@@ -530,33 +557,33 @@ impl Engine {
             let Some(held) = tracked.held.upgrade() else {
                 continue;
             };
-            let span = tracing::info_span!("distlock.renew", backend = self.backend.name(), key = %lease.key(), outcome = tracing::field::Empty);
+            let span = tracing::info_span!("distlock.renew", backend = self.backend.name(), key = %lease.key(), lease = %observe::lease_prefix(lease.id()), outcome = tracing::field::Empty);
             let _entered = span.enter();
             match result {
                 // Answered after the lease's local deadline: too late to count, whatever
                 // the store did; the deadline check below marks it lost.
-                Ok(true) if !held.lease().is_valid() => {
+                Ok(Ownership::Held) if !held.lease().is_valid() => {
                     span.record("outcome", "late");
                 }
-                Ok(true) => {
+                Ok(Ownership::Held) => {
                     span.record("outcome", "ok");
                     tracked.attempt = 0;
                     tracked.retry_at = None;
                     held.renewed(lease.renewed(held.options.ttl, renewed.sent_at));
                 }
-                Ok(false) => {
+                Ok(Ownership::NotHeld) => {
                     span.record("outcome", "lost");
-                    held.mark_lost("the store no longer holds the lease");
+                    held.mark_lost(LossReason::NotHeld, "the store no longer holds the lease");
                 }
                 Err(err) if err.kind() == ErrorKind::Lost => {
                     span.record("outcome", "lost");
-                    held.mark_lost(err.message());
+                    held.mark_lost(LossReason::NotHeld, err.message());
                 }
                 Err(err) => {
-                    span.record(
-                        "outcome",
-                        crate::engine::outcome_name::<()>(&Err(err.clone())),
-                    );
+                    let outcome = crate::engine::outcome_name::<()>(&Err(err.clone()));
+                    span.record("outcome", outcome);
+                    observe::renewal_failed(self.backend.name(), outcome);
+                    held.suspended();
                     tracing::debug!(error = %err, "renewal failed; retrying until the deadline");
                     let pause = held.options.backoff.pause(tracked.attempt);
                     tracked.attempt = tracked.attempt.saturating_add(1);
@@ -578,7 +605,7 @@ fn renew_at(held: &HeldLock, lease: &Lease) -> Option<Instant> {
 }
 
 fn far_future() -> Instant {
-    crate::options::saturating_add(Instant::now(), Duration::MAX)
+    crate::values::options::saturating_add(Instant::now(), Duration::MAX)
 }
 
 #[cfg(test)]
@@ -591,11 +618,11 @@ mod tests {
 
     use crate::backend::{
         AcquireRequest, Capabilities, Grant, HolderInfo, LeaseRenewal, Liveness, LockBackend,
-        SessionKeeper,
+        Ownership, SessionKeeper,
     };
-    use crate::error::Result;
-    use crate::key::LockKey;
-    use crate::lease::LeaseId;
+    use crate::values::error::Result;
+    use crate::values::key::LockKey;
+    use crate::values::lease::LeaseId;
     use crate::{LockClient, MemoryBackend};
 
     /// The memory store behind a client that renews in batches (counting the calls) or
@@ -608,6 +635,8 @@ mod tests {
         session: Option<SessionKeeper>,
         /// How long each `renew_many` takes, as on a slow or distant store.
         renew_delay: Duration,
+        /// The TTL each request carried, by operation.
+        asked: std::sync::Mutex<Vec<(&'static str, Duration)>>,
     }
 
     impl Steered {
@@ -622,7 +651,24 @@ mod tests {
                 session: (liveness == Liveness::Session)
                     .then(|| SessionKeeper::new(Instant::now(), Duration::from_secs(60))),
                 renew_delay: Duration::ZERO,
+                asked: Default::default(),
             }
+        }
+
+        fn note(&self, what: &'static str, ttl: Duration) {
+            self.asked
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((what, ttl));
+        }
+
+        fn asked(&self, what: &str) -> Vec<Duration> {
+            let asked = self.asked.lock().unwrap_or_else(|p| p.into_inner());
+            asked
+                .iter()
+                .filter(|(op, _)| *op == what)
+                .map(|(_, ttl)| *ttl)
+                .collect()
         }
     }
 
@@ -635,6 +681,7 @@ mod tests {
             &self.capabilities
         }
         async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
+            self.note("acquire", request.store_ttl());
             let granted = self.store.try_acquire(request).await?;
             Ok(match (granted, &self.session) {
                 (Some(grant), Some(session)) => {
@@ -643,15 +690,24 @@ mod tests {
                 (granted, _) => granted,
             })
         }
-        async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
+        async fn renew(
+            &self,
+            key: &LockKey,
+            lease_id: LeaseId,
+            ttl: Duration,
+        ) -> Result<Ownership> {
+            self.note("renew", ttl);
             self.store.renew(key, lease_id, ttl).await
         }
-        async fn renew_many(&self, leases: &[LeaseRenewal]) -> Vec<Result<bool>> {
+        async fn renew_many(&self, leases: &[LeaseRenewal]) -> Vec<Result<Ownership>> {
+            for lease in leases {
+                self.note("renew_many", lease.ttl);
+            }
             self.batches.fetch_add(1, Ordering::SeqCst);
             tokio::time::sleep(self.renew_delay).await;
             self.store.renew_many(leases).await
         }
-        async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
+        async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<Ownership> {
             self.store.release(key, lease_id).await
         }
         async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
@@ -668,7 +724,7 @@ mod tests {
             renew_delay: Duration::from_millis(80),
             ..Steered::new(Liveness::Batched)
         });
-        let client = LockClient::from_dyn(backend.clone());
+        let client = LockClient::new(backend.clone());
         let mut long = Vec::new();
         for i in 0..100 {
             long.push(
@@ -714,7 +770,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn ten_thousand_guards_cost_one_task_and_few_round_trips() {
         let backend = Arc::new(Steered::new(Liveness::Batched));
-        let client = LockClient::from_dyn(backend.clone());
+        let client = LockClient::new(backend.clone());
         let ttl = Duration::from_secs(3);
         let metrics = tokio::runtime::Handle::current().metrics();
         let tasks_before = metrics.num_alive_tasks();
@@ -756,7 +812,7 @@ mod tests {
     #[tokio::test]
     async fn leases_follow_their_session() {
         let backend = Arc::new(Steered::new(Liveness::Session));
-        let client = LockClient::from_dyn(backend.clone());
+        let client = LockClient::new(backend.clone());
         let guards: Vec<_> = futures_util::future::join_all((0..3).map(|i| {
             client
                 .lock(format!("s{i}"))
@@ -795,7 +851,7 @@ mod tests {
     async fn a_dropped_client_with_released_leases_lets_go_of_its_backend() {
         let backend: crate::backend::DynBackend = Arc::new(MemoryBackend::new());
         let alive = Arc::downgrade(&backend);
-        let client = LockClient::from_dyn(backend);
+        let client = LockClient::new(backend);
         for manual in [false, true] {
             let request = client
                 .lock(format!("k{manual}"))
@@ -820,6 +876,42 @@ mod tests {
             assert!(Instant::now() < deadline, "not true within 5 s");
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
+    }
+
+    /// The core rounds a TTL up to the store's step once, for every request that carries
+    /// one (acquire, manual renewal, batched renewal): a backend never rounds, and never
+    /// gets a TTL its store would cut short.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_ttl_reaches_the_store_rounded_up_to_its_step() {
+        let mut steered = Steered::new(Liveness::Batched);
+        steered.capabilities.ttl_granularity = Duration::from_secs(1);
+        let backend = Arc::new(steered);
+        let client = LockClient::new(backend.clone());
+        let ttl = Duration::from_millis(1500);
+        let manual = client
+            .lock("rounded/manual")
+            .ttl(ttl)
+            .renewal(crate::Renewal::Manual)
+            .await
+            .unwrap();
+        manual.renew().await.unwrap();
+        let auto = client.lock("rounded/auto").ttl(ttl).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while backend.asked("renew_many").is_empty() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("a batched renewal within 5 s");
+        let two = Duration::from_secs(2);
+        assert_eq!(backend.asked("acquire"), vec![two, two]);
+        assert_eq!(backend.asked("renew"), vec![two]);
+        assert!(backend
+            .asked("renew_many")
+            .iter()
+            .all(|asked| *asked == two));
+        manual.release().await.unwrap();
+        auto.release().await.unwrap();
     }
 
     use std::future::IntoFuture;

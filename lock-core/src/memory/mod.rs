@@ -1,4 +1,4 @@
-//! The in-memory reference backend.
+//! The in-memory reference backend, and [`MemoryLink`] to cut its clients off in tests.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -9,11 +9,11 @@ use tokio::sync::Notify;
 
 use crate::backend::{
     lock_unpoisoned as lock, AcquireRequest, Capabilities, Change, Grant, HolderInfo, KeyWatch,
-    Liveness, LockBackend, Record, ReleaseFeed, Turn,
+    Liveness, LockBackend, Ownership, Record, ReleaseFeed, Turn,
 };
-use crate::error::{Error, Result};
-use crate::key::LockKey;
-use crate::lease::{FencingToken, LeaseId};
+use crate::values::error::{Error, Result};
+use crate::values::key::LockKey;
+use crate::values::lease::{FencingToken, LeaseId};
 
 mod sessions;
 
@@ -121,14 +121,17 @@ impl MemoryBackend {
     /// renewal ([`Liveness::Session`]).
     pub fn with_sessions(mut self) -> Self {
         self.capabilities.liveness = Liveness::Session;
-        self.sessions = Some(Arc::new(ClientSessions::default()));
+        self.sessions = Some(Arc::new(ClientSessions::new(&self.store)));
         self
     }
 
     /// Another client of the same store, with its own sessions and link.
     pub fn client(&self) -> Self {
         MemoryBackend {
-            sessions: self.sessions.as_ref().map(|_| Arc::default()),
+            sessions: self
+                .sessions
+                .as_ref()
+                .map(|_| Arc::new(ClientSessions::new(&self.store))),
             ..self.clone()
         }
     }
@@ -156,7 +159,7 @@ impl MemoryBackend {
 
     fn expiry(&self, ttl: Duration) -> Result<Instant> {
         Instant::now()
-            .checked_add(self.capabilities.store_ttl(ttl))
+            .checked_add(ttl)
             .ok_or_else(|| Error::invalid(format!("TTL {ttl:?} is too large")))
     }
 
@@ -170,15 +173,11 @@ impl MemoryBackend {
 
     /// The grant of `request` if the store gives it; `queued` for a waiter of a fair
     /// queue, which must be first in it.
-    fn grant(&self, request: &AcquireRequest, queued: bool) -> Result<Option<Grant>> {
+    async fn grant(&self, request: &AcquireRequest, queued: bool) -> Result<Option<Grant>> {
         self.reachable()?;
-        let expires_at = self.expiry(request.ttl())?;
+        let expires_at = self.expiry(request.store_ttl())?;
         let session = match &self.sessions {
-            Some(sessions) => Some(sessions.session_for(
-                &self.store,
-                request,
-                self.capabilities.store_ttl(request.ttl()),
-            )?),
+            Some(sessions) => Some(sessions.session_for(request, request.store_ttl()).await?),
             None => None,
         };
         let mut state = lock(&self.store.state);
@@ -321,8 +320,10 @@ impl State {
     fn open_session(&mut self, ttl: Duration) -> u64 {
         self.last_session += 1;
         let id = self.last_session;
-        self.sessions
-            .insert(id, crate::options::saturating_add(Instant::now(), ttl));
+        self.sessions.insert(
+            id,
+            crate::values::options::saturating_add(Instant::now(), ttl),
+        );
         id
     }
 
@@ -331,7 +332,7 @@ impl State {
         let now = Instant::now();
         match self.sessions.get_mut(&session) {
             Some(end) if now < *end => {
-                *end = crate::options::saturating_add(now, ttl);
+                *end = crate::values::options::saturating_add(now, ttl);
                 true
             }
             _ => {
@@ -353,30 +354,30 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
-        self.grant(request, false)
+        self.grant(request, false).await
     }
 
-    async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<bool> {
+    async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<Ownership> {
         self.reachable()?;
         let expires_at = self.expiry(ttl)?;
         let now = Instant::now();
         let mut state = lock(&self.store.state);
         let session = match state.locks.get(key) {
             Some(entry) if entry.lease_id == lease_id && state.is_live(entry, now) => entry.session,
-            _ => return Ok(false),
+            _ => return Ok(Ownership::NotHeld),
         };
         match session {
-            Some(session) => Ok(state.keep_alive(session, self.capabilities.store_ttl(ttl))),
+            Some(session) => Ok(Ownership::held_if(state.keep_alive(session, ttl))),
             None => {
                 if let Some(entry) = state.locks.get_mut(key) {
                     entry.expires_at = expires_at;
                 }
-                Ok(true)
+                Ok(Ownership::Held)
             }
         }
     }
 
-    async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<bool> {
+    async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<Ownership> {
         self.reachable()?;
         let now = Instant::now();
         let live = {
@@ -386,7 +387,7 @@ impl LockBackend for MemoryBackend {
                 .get(key)
                 .filter(|entry| entry.lease_id == lease_id)
             else {
-                return Ok(false);
+                return Ok(Ownership::NotHeld);
             };
             let live = state.is_live(entry, now);
             state.locks.remove(key);
@@ -394,7 +395,7 @@ impl LockBackend for MemoryBackend {
             live
         };
         self.store.releases.released(key.as_str());
-        Ok(live)
+        Ok(Ownership::held_if(live))
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
@@ -462,15 +463,12 @@ impl LockBackend for MemoryBackend {
         if !self.capabilities.fair_ordering {
             return Err(crate::backend::no_queue(self.name()));
         }
-        let expires_at = self.expiry(request.ttl())?;
+        let expires_at = self.expiry(request.store_ttl())?;
         let session = match &self.sessions {
             Some(sessions) if request.renewal() == crate::Renewal::Auto => Some(
                 sessions
-                    .session_for(
-                        &self.store,
-                        request,
-                        self.capabilities.store_ttl(request.ttl()),
-                    )?
+                    .session_for(request, request.store_ttl())
+                    .await?
                     .store_id,
             ),
             _ => None,
@@ -519,7 +517,7 @@ impl LockBackend for MemoryBackend {
                 None => return Ok(Turn::NotQueued),
             }
         }
-        Ok(match self.grant(request, true)? {
+        Ok(match self.grant(request, true).await? {
             Some(grant) => Turn::Granted(grant),
             None => Turn::Waiting,
         })
@@ -562,7 +560,7 @@ impl LockBackend for MemoryBackend {
         lease_id: LeaseId,
         record: &Record,
         retention: Duration,
-    ) -> Result<bool> {
+    ) -> Result<Ownership> {
         self.reachable()?;
         Record::retention_millis(retention)?;
         let until = Instant::now()
@@ -577,7 +575,7 @@ impl LockBackend for MemoryBackend {
         if holds {
             state.records.insert(key.clone(), (record.clone(), until));
         }
-        Ok(holds)
+        Ok(Ownership::held_if(holds))
     }
 }
 

@@ -1,36 +1,40 @@
 //! The memory backend's client sessions: one per distinct TTL (and one per lease renewed
-//! by hand), each kept alive by its own task, over a link that tests can cut or slow.
+//! by hand), pooled and kept alive by the core's [`SessionPool`], over a link that tests
+//! can cut or slow.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use crate::backend::{lock_unpoisoned as lock, AcquireRequest, SessionKeeper};
-use crate::error::{Error, Result};
-use crate::lease::LeaseId;
+use crate::backend::{
+    async_trait, lock_unpoisoned as lock, AcquireRequest, PooledSession, SessionKeeper,
+    SessionKind, SessionNews, SessionPool, SessionStore,
+};
 use crate::memory::Store;
-use crate::options::Renewal;
+use crate::values::error::{Error, Result};
 
 /// A client's sessions and its link to the store.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct ClientSessions {
-    open: Mutex<HashMap<SessionKind, Arc<ClientSession>>>,
-    link: Arc<Mutex<LinkState>>,
+    pool: SessionPool<MemorySessions>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum SessionKind {
-    /// Shared by the client's automatically renewed leases of one TTL.
-    Auto(Duration),
-    /// A lease renewed by hand lives by its own session, which only its renewals keep
-    /// alive.
-    Manual(LeaseId),
+/// The memory store's side of a client's sessions.
+#[derive(Debug)]
+struct MemorySessions {
+    store: Weak<Store>,
+    link: Arc<Mutex<LinkState>>,
 }
 
 #[derive(Debug)]
 pub(crate) struct ClientSession {
     pub(crate) store_id: u64,
     pub(crate) keeper: SessionKeeper,
+}
+
+impl PooledSession for ClientSession {
+    fn keeper(&self) -> &SessionKeeper {
+        &self.keeper
+    }
 }
 
 #[derive(Debug, Default)]
@@ -68,96 +72,90 @@ impl MemoryLink {
 }
 
 impl ClientSessions {
+    /// A new client of `store`, with no session yet and its link working.
+    pub(crate) fn new(store: &Arc<Store>) -> Self {
+        ClientSessions {
+            pool: SessionPool::new(MemorySessions {
+                store: Arc::downgrade(store),
+                link: Arc::default(),
+            }),
+        }
+    }
+
     pub(crate) fn link(&self) -> MemoryLink {
         MemoryLink {
-            state: Arc::clone(&self.link),
+            state: Arc::clone(&self.pool.store().link),
         }
     }
 
     pub(crate) fn reachable(&self) -> Result<()> {
+        self.pool.store().reachable()
+    }
+
+    /// The session a grant of `request` lives by: the client's open one for its kind, or a
+    /// new one (a session the store ended is never reused).
+    pub(crate) async fn session_for(
+        &self,
+        request: &AcquireRequest,
+        ttl: Duration,
+    ) -> Result<Arc<ClientSession>> {
+        self.pool
+            .session(SessionKind::shared(request, ttl), ttl)
+            .await
+    }
+}
+
+impl MemorySessions {
+    fn reachable(&self) -> Result<()> {
         if lock(&self.link).cut {
             return Err(Error::unavailable("the link to the memory store is cut"));
         }
         Ok(())
     }
 
-    /// The session a grant of `request` lives by: the client's open one for its kind, or a
-    /// new one (a session the store ended is never reused).
-    pub(crate) fn session_for(
-        self: &Arc<Self>,
-        store: &Arc<Store>,
-        request: &AcquireRequest,
-        ttl: Duration,
-    ) -> Result<Arc<ClientSession>> {
-        let kind = match request.renewal() {
-            Renewal::Auto => SessionKind::Auto(ttl),
-            Renewal::Manual => SessionKind::Manual(request.lease_id()),
-        };
-        let mut open = lock(&self.open);
-        if let Some(session) = open.get(&kind) {
-            if !session.keeper.status().expired {
-                return Ok(Arc::clone(session));
-            }
-        }
-        let sent_at = Instant::now();
-        let store_id = lock(&store.state).open_session(ttl);
-        let session = Arc::new(ClientSession {
-            store_id,
-            keeper: SessionKeeper::new(sent_at, ttl),
-        });
-        open.insert(kind, Arc::clone(&session));
-        if let SessionKind::Auto(_) = kind {
-            tokio::spawn(keep_alive(
-                Arc::downgrade(store),
-                Arc::downgrade(self),
-                Arc::downgrade(&session),
-                kind,
-                ttl,
-            ));
-        }
-        Ok(session)
+    fn store(&self) -> Result<Arc<Store>> {
+        self.store
+            .upgrade()
+            .ok_or_else(|| Error::unavailable("the memory store is gone"))
     }
 }
 
-/// Keeps one session alive: a keep-alive every third of its TTL, reported with its send
-/// time once the reply arrives. Ends with the session, or when the client is gone.
-async fn keep_alive(
-    store: Weak<Store>,
-    client: Weak<ClientSessions>,
-    session: Weak<ClientSession>,
-    kind: SessionKind,
-    ttl: Duration,
-) {
-    loop {
-        tokio::time::sleep(ttl / 3).await;
-        let (Some(store), Some(client), Some(session)) =
-            (store.upgrade(), client.upgrade(), session.upgrade())
-        else {
-            return;
-        };
+#[async_trait]
+impl SessionStore for MemorySessions {
+    type Session = ClientSession;
+
+    async fn open(&self, _kind: SessionKind, ttl: Duration) -> Result<ClientSession> {
         let sent_at = Instant::now();
-        if lock(&client.link).cut {
-            session.keeper.disconnected();
-            continue;
+        let store_id = lock(&self.store()?.state).open_session(ttl);
+        Ok(ClientSession {
+            store_id,
+            keeper: SessionKeeper::new(sent_at, ttl),
+        })
+    }
+
+    /// Lost while the link is cut; applied at once, its answer arriving after the link's
+    /// reply delay.
+    async fn keep_alive(&self, session: &ClientSession) -> SessionNews {
+        let Ok(store) = self.store() else {
+            return SessionNews::Ended;
+        };
+        if self.reachable().is_err() {
+            return SessionNews::Unanswered;
         }
+        let ttl = session.keeper.status().ttl;
         let alive = lock(&store.state).keep_alive(session.store_id, ttl);
-        let delay = lock(&client.link).reply_delay;
+        drop(store);
+        let delay = lock(&self.link).reply_delay;
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
-            if lock(&client.link).cut {
-                session.keeper.disconnected();
-                continue;
+            if self.reachable().is_err() {
+                return SessionNews::Unanswered;
             }
         }
         if alive {
-            session.keeper.kept_alive(sent_at);
+            SessionNews::Alive
         } else {
-            session.keeper.expired();
-            let mut open = lock(&client.open);
-            if open.get(&kind).is_some_and(|s| Arc::ptr_eq(s, &session)) {
-                open.remove(&kind);
-            }
-            return;
+            SessionNews::Ended
         }
     }
 }

@@ -2,13 +2,14 @@
 //! Each target uses a different part of it.
 #![allow(dead_code, clippy::unwrap_used)]
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
-use std::sync::Arc;
+use std::net::SocketAddr;
 
+use conformance_tests::factory::BoxFuture;
+use conformance_tests::factory::DEFAULT_SHORTEST_TTL;
 use conformance_tests::proxy::TcpFaultProxy;
 use conformance_tests::store_process::{StoreProcess, StoreSpec};
-use conformance_tests::BackendFactory;
-use lock_core::{async_trait, backend::DynBackend};
+use conformance_tests::ServerStore;
+use lock_core::backend::DynBackend;
 use lock_redis::{RedisBackend, RedisConfig, RedlockBackend};
 
 /// How many nodes the Redlock tests run.
@@ -106,12 +107,6 @@ pub async fn entry(addr: SocketAddr, redis_key: &str) -> Option<String> {
         .unwrap()
 }
 
-/// A loopback address nothing listens on.
-pub fn closed_addr() -> SocketAddr {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-    listener.local_addr().unwrap()
-}
-
 /// Connects a backend for `url`, single node or Redlock.
 pub async fn connect(url: &str) -> DynBackend {
     lock_redis::connect(url).await.unwrap()
@@ -133,55 +128,90 @@ pub async fn stored_keys(url: &str, prefix: &str) -> lock_core::Result<Vec<Strin
     }
 }
 
-/// A conformance factory over servers it keeps alive.
-pub struct RedisFactory {
-    name: &'static str,
-    url: String,
-    unreachable_url: String,
-    _servers: Vec<StoreProcess>,
+/// The user the conformance servers know besides the default one, for the wrong-password
+/// scenario.
+const USER: &str = "distlock-test";
+
+/// Starts `n` servers that also know [`USER`].
+async fn start_with_user(n: usize) -> Result<Vec<StoreProcess>, String> {
+    let servers = try_start_nodes(n).await?;
+    for server in &servers {
+        let mut admin = redis::Client::open(format!("redis://{}/0", server.addr()))
+            .map_err(|err| err.to_string())?
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|err| err.to_string())?;
+        let () = redis::cmd("ACL")
+            .arg(&["SETUSER", USER, "on", ">right-pass", "~*", "&*", "+@all"][..])
+            .query_async(&mut admin)
+            .await
+            .map_err(|err| err.to_string())?;
+    }
+    Ok(servers)
 }
 
-impl RedisFactory {
-    /// One private server.
-    pub async fn single() -> Result<Arc<dyn BackendFactory>, String> {
-        let server = try_start(StoreSpec::redis()).await?;
-        Ok(Arc::new(RedisFactory {
-            name: "redis",
-            url: redis_url(server.addr(), ""),
-            unreachable_url: redis_url(closed_addr(), "connect_timeout_ms=200"),
-            _servers: vec![server],
-        }))
-    }
-
-    /// Five private servers under Redlock.
-    pub async fn redlock() -> Result<Arc<dyn BackendFactory>, String> {
-        let servers = try_start_nodes(REDLOCK_NODES).await?;
-        let addrs: Vec<SocketAddr> = servers.iter().map(StoreProcess::addr).collect();
-        let closed: Vec<SocketAddr> = (0..REDLOCK_NODES).map(|_| closed_addr()).collect();
-        Ok(Arc::new(RedisFactory {
-            name: "redlock",
-            url: redlock_url(&addrs, ""),
-            unreachable_url: redlock_url(&closed, "connect_timeout_ms=200&node_timeout_ms=100"),
-            _servers: servers,
-        }))
-    }
+fn connect_url(url: String) -> BoxFuture<lock_core::Result<DynBackend>> {
+    Box::pin(async move { lock_redis::connect(&url).await })
 }
 
-#[async_trait]
-impl BackendFactory for RedisFactory {
-    fn name(&self) -> String {
-        self.name.to_string()
-    }
-
-    async fn connect(&self) -> lock_core::Result<DynBackend> {
-        lock_redis::connect(&self.url).await
-    }
-
-    async fn residue(&self, prefix: &str) -> lock_core::Result<Vec<String>> {
-        stored_keys(&self.url, prefix).await
-    }
-
-    async fn connect_unreachable(&self) -> Option<lock_core::Result<DynBackend>> {
-        Some(lock_redis::connect(&self.unreachable_url).await)
-    }
+fn residue(url: String, prefix: String) -> BoxFuture<lock_core::Result<Vec<String>>> {
+    Box::pin(async move { stored_keys(&url, &prefix).await })
 }
+
+/// Script calls (every lock operation is one, a batch of renewals too) the server at
+/// `server` has run.
+fn evalsha_calls(server: SocketAddr) -> BoxFuture<Result<u64, String>> {
+    Box::pin(async move {
+        let raw = redis::Client::open(format!("redis://{server}/0")).map_err(|e| e.to_string())?;
+        let mut connection = raw
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| e.to_string())?;
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut connection)
+            .await
+            .map_err(|e| e.to_string())?;
+        info.lines()
+            .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(Ok(0), |calls| {
+                calls.parse().map_err(|_| format!("calls={calls}?"))
+            })
+    })
+}
+
+/// One private server.
+pub const REDIS: ServerStore = ServerStore {
+    name: "redis",
+    start: || Box::pin(start_with_user(1)),
+    url: |addrs, options| redis_url(addrs[0], options),
+    connect: connect_url,
+    connect_lazily: None,
+    residue,
+    link_options: "",
+    unreachable_options: "",
+    wrong_password: Some(|addrs, password| format!("redis://{USER}:{password}@{}/0", addrs[0])),
+    renewal_requests: Some(evalsha_calls),
+    shortest_ttl: DEFAULT_SHORTEST_TTL,
+};
+
+/// Five private servers under Redlock.
+pub const REDLOCK: ServerStore = ServerStore {
+    name: "redlock",
+    start: || Box::pin(start_with_user(REDLOCK_NODES)),
+    url: redlock_url,
+    connect: connect_url,
+    connect_lazily: None,
+    residue,
+    // Node replies slower than the TTL but within the node time-out: the quorum answers,
+    // too late.
+    link_options: "node_timeout_ms=2000&response_timeout_ms=2000",
+    unreachable_options: "node_timeout_ms=100",
+    wrong_password: Some(|addrs, password| {
+        let hosts: Vec<String> = addrs.iter().map(ToString::to_string).collect();
+        format!("redis+redlock://{USER}:{password}@{}/0", hosts.join(","))
+    }),
+    renewal_requests: Some(evalsha_calls),
+    shortest_ttl: DEFAULT_SHORTEST_TTL,
+};

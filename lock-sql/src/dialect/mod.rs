@@ -13,14 +13,14 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use lock_core::backend::{with_timeout, HolderInfo, Record};
+use lock_core::backend::{with_timeout, HolderInfo, Ownership, Record};
 use lock_core::{Error, ErrorKind, FencingToken, LeaseId, LockKey, Result};
 use sqlx::pool::PoolOptions;
 use sqlx::{AssertSqlSafe, ColumnIndex, Database, Decode, Encode, Executor, IntoArguments};
 use sqlx::{Pool, Row, SqlSafeStr, SqlStr, Type};
 
 use crate::config::{Dialect, SqlConfig};
-use crate::error::{lock_wait_timed_out, map};
+use crate::error::{into_error, lock_wait_timed_out};
 
 /// How long after the statement time-out a statement's answer may still arrive before its
 /// connection is given up: the server's own cancellation needs a round trip to report.
@@ -239,7 +239,7 @@ where
 
     fn fail(&self, doing: &str) -> impl FnOnce(sqlx::Error) -> Error + '_ {
         let doing = doing.to_owned();
-        move |err| map(self.dialect, &doing, err)
+        move |err| into_error(err, &doing, self.dialect)
     }
 
     /// Maps a failure to open a connection; a SQLite file that cannot be opened for a
@@ -256,7 +256,7 @@ where
             return Error::new(ErrorKind::Misconfigured, format!("{doing} failed: {why}"))
                 .with_source(err);
         }
-        map(self.dialect, &doing, err)
+        into_error(err, &doing, self.dialect)
     }
 
     /// Runs `statement` on a pooled connection, awaiting its answer for at most the
@@ -278,7 +278,7 @@ where
         let answer = with_timeout(self.answer_within, doing, async {
             statement(&mut conn)
                 .await
-                .map_err(|err| map(self.dialect, doing, err))
+                .map_err(|err| into_error(err, doing, self.dialect))
         })
         .await;
         if answer.is_err() {
@@ -368,7 +368,7 @@ where
         key: &LockKey,
         lease_id: LeaseId,
         ttl_ms: i64,
-    ) -> Result<bool> {
+    ) -> Result<Ownership> {
         self.set_expiry("renew", self.sql.renew.clone(), key, lease_id, ttl_ms)
             .await
     }
@@ -379,7 +379,7 @@ where
         key: &LockKey,
         lease_id: LeaseId,
         ttl_ms: i64,
-    ) -> Result<bool> {
+    ) -> Result<Ownership> {
         self.set_expiry(
             "expire_in",
             self.sql.expire_in.clone(),
@@ -397,7 +397,7 @@ where
         key: &LockKey,
         lease_id: LeaseId,
         ttl_ms: i64,
-    ) -> Result<bool> {
+    ) -> Result<Ownership> {
         let query = sqlx::query(statement)
             .bind(ttl_ms)
             .bind(key.as_str().to_owned())
@@ -407,12 +407,15 @@ where
             .await?;
         // MySQL reports matched rather than changed rows (CLIENT_FOUND_ROWS), which is
         // what this needs: the WHERE clause is the whole condition.
-        Ok(done.rows() == 1)
+        Ok(Ownership::held_if(done.rows() == 1))
     }
 
     /// Renews a batch of leases (key, lease id, TTL in milliseconds) with one statement;
     /// answers, in the batch's order, whether each was live and is renewed.
-    pub(crate) async fn renew_many(&self, batch: &[(LockKey, LeaseId, i64)]) -> Result<Vec<bool>> {
+    pub(crate) async fn renew_many(
+        &self,
+        batch: &[(LockKey, LeaseId, i64)],
+    ) -> Result<Vec<Ownership>> {
         let leases = batch_json(batch);
         let renewed = match &self.sql.renewed {
             None => {
@@ -427,7 +430,7 @@ where
                 // Matched rows (see `renew`): all renewed, the usual case, costs no second
                 // statement.
                 if usize::try_from(done.rows()) == Ok(batch.len()) {
-                    return Ok(vec![true; batch.len()]);
+                    return Ok(vec![Ownership::Held; batch.len()]);
                 }
                 self.leases_of("finding the renewed leases", renewed.clone(), leases)
                     .await?
@@ -435,7 +438,9 @@ where
         };
         Ok(batch
             .iter()
-            .map(|(key, lease, _)| renewed.contains(&(key.as_str().to_owned(), lease.to_string())))
+            .map(|(key, lease, _)| {
+                Ownership::held_if(renewed.contains(&(key.as_str().to_owned(), lease.to_string())))
+            })
             .collect())
     }
 
@@ -458,7 +463,11 @@ where
 
     /// Deletes the lease's row, live or expired: `None` if there was none, else whether
     /// it was live.
-    pub(crate) async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<Option<bool>> {
+    pub(crate) async fn release(
+        &self,
+        key: &LockKey,
+        lease_id: LeaseId,
+    ) -> Result<Option<Ownership>> {
         let query = sqlx::query(self.sql.release.clone())
             .bind(key.as_str().to_owned())
             .bind(lease_id.to_string());
@@ -467,7 +476,7 @@ where
             .await?;
         row.map(|row| {
             let live: i64 = row.try_get(0).map_err(self.fail("reading the release"))?;
-            Ok(live == 1)
+            Ok(Ownership::held_if(live == 1))
         })
         .transpose()
     }
@@ -585,7 +594,7 @@ where
         lease_id: LeaseId,
         record: &Record,
         retention_ms: i64,
-    ) -> Result<bool> {
+    ) -> Result<Ownership> {
         let token = i64::try_from(record.token.get()).map_err(|_| {
             Error::new(
                 ErrorKind::InvalidInput,
@@ -609,7 +618,7 @@ where
             .await?;
         // MariaDB counts an upsert that replaced a row as 2 (and one that changed nothing,
         // writing the same record again, as 1 with matched rows): any count means written.
-        Ok(done.rows() > 0)
+        Ok(Ownership::held_if(done.rows() > 0))
     }
 
     /// The record of `key` within its retention.

@@ -9,7 +9,7 @@ use sqlx::{AssertSqlSafe, Pool, Postgres, Row, SqlSafeStr, SqlStr};
 
 use super::{channel, pool_options, server_options, sql_text, Ops, RowsAffected, SqlText};
 use crate::config::{Dialect, SqlConfig};
-use crate::error::map;
+use crate::error::into_error;
 
 pub(crate) const SQL: SqlText = sql_text!(
     "postgres",
@@ -58,7 +58,7 @@ pub(crate) async fn check_durability(ops: &Ops<Postgres>, table: &str) -> Result
     let row = ops
         .fetch_row("checking the fencing sequence", query)
         .await?;
-    let read = |err| crate::error::map(ops.dialect, "reading the fencing sequence", err);
+    let read = |err| crate::error::into_error(err, "reading the fencing sequence", ops.dialect);
     let synchronous: String = row.try_get(0).map_err(read)?;
     let cache: i64 = row.try_get(1).map_err(read)?;
     let increment: i64 = row.try_get(2).map_err(read)?;
@@ -154,7 +154,7 @@ impl Notifier {
 /// One run of the listener: LISTEN on a new connection, then hand every notification (its
 /// payload is the released key) to the feed until the connection fails.
 async fn listen(pool: Pool<Postgres>, channel: String, link: ListenerLink) -> Result<()> {
-    let failed = |doing: &'static str| move |err| map(Dialect::Postgres, doing, err);
+    let failed = |doing: &'static str| move |err| into_error(err, doing, Dialect::Postgres);
     let mut listener = PgListener::connect_with(&pool)
         .await
         .map_err(failed("opening the LISTEN connection"))?;

@@ -3,6 +3,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use lock_core::Backoff;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteQueryResult, SqliteSynchronous};
 use sqlx::{Pool, Sqlite};
 
@@ -12,8 +13,12 @@ use crate::config::{self, SqlConfig};
 /// How long a statement waits for another process's write before it fails with
 /// "database is locked"; SQLite serialises writers, so this is queueing, not failure.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-/// The longest pause between attempts to switch a new database file to WAL.
-const WAL_RETRY_PAUSE: Duration = Duration::from_millis(20);
+/// Pauses between attempts to switch a new database file to WAL: short, since the other
+/// process holds the write lock only for the switch.
+const WAL_RETRY: Backoff = Backoff {
+    initial: Duration::from_millis(1),
+    max: Duration::from_millis(20),
+};
 
 /// julianday('now') has millisecond resolution and is fixed for one statement, so it is
 /// both the statement's start and the time a row is written.
@@ -52,20 +57,18 @@ pub(crate) fn pool(config: &SqlConfig, file: &str) -> Pool<Sqlite> {
 /// write lock in between, since waiting while holding the read could deadlock, so
 /// processes that open a new file together would otherwise fail now and then.
 async fn use_wal(conn: &mut SqliteConnection) -> sqlx::Result<()> {
-    let started = Instant::now();
-    let mut pause = Duration::from_millis(1);
-    loop {
-        match sqlx::raw_sql("PRAGMA journal_mode = WAL")
-            .execute(&mut *conn)
-            .await
-        {
-            Err(err) if is_busy(&err) && started.elapsed() < BUSY_TIMEOUT => {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(WAL_RETRY_PAUSE);
-            }
-            done => return done.map(drop),
-        }
-    }
+    let deadline = Instant::now() + BUSY_TIMEOUT;
+    // Lent to one try at a time.
+    let conn = tokio::sync::Mutex::new(conn);
+    let (outcome, _) = WAL_RETRY
+        .retry_until(Some(deadline), is_busy, || async {
+            let mut conn = conn.lock().await;
+            sqlx::raw_sql("PRAGMA journal_mode = WAL")
+                .execute(&mut **conn)
+                .await
+        })
+        .await;
+    outcome.map(drop)
 }
 
 /// Why `file` cannot be opened, when `err` is SQLITE_CANTOPEN for a reason retrying cannot

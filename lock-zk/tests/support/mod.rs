@@ -2,17 +2,17 @@
 //! Each target uses a different part of it.
 #![allow(dead_code, clippy::unwrap_used)]
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
-use std::sync::Arc;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
+use conformance_tests::factory::DEFAULT_SHORTEST_TTL;
 use conformance_tests::proxy::{ProxyMode, TcpFaultProxy};
 use conformance_tests::store_process::{
     free_port, StoreProcess, StoreSpec, ZookeeperPeer, ZOOKEEPER_MAX_SESSION_TIMEOUT_MS,
     ZOOKEEPER_MIN_SESSION_TIMEOUT_MS, ZOOKEEPER_TICK_MS,
 };
-use conformance_tests::{BackendFactory, LinkControl};
-use lock_core::{async_trait, backend::DynBackend};
+use conformance_tests::ServerStore;
+use lock_core::backend::DynBackend;
 use lock_zk::{ZkBackend, ZkConfig};
 
 /// Starts a private standalone server; a missing server is an error, never a skip.
@@ -64,106 +64,47 @@ pub fn zk_url(addrs: &[SocketAddr], extra: &str) -> String {
     format!("zk://{}/?{}{sep}{extra}", hosts.join(","), test_options())
 }
 
-/// A loopback address nothing listens on.
-pub fn closed_addr() -> SocketAddr {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-    listener.local_addr().unwrap()
-}
-
 /// Connects a backend for `url`.
 pub async fn connect(url: &str) -> DynBackend {
     lock_zk::connect(url).await.unwrap()
 }
 
-/// A proxy in front of one server, as a conformance link: cut is a silent partition, and
-/// slow replies delay each direction by half the asked delay (the ZooKeeper client drops a
-/// connection silent for 2/5 of the session timeout, so a whole round trip of the asked
-/// delay is what it can live with).
-pub struct ProxyLink(pub TcpFaultProxy);
-
-impl LinkControl for ProxyLink {
-    fn cut(&self) {
-        self.0.set_mode(ProxyMode::BlackHole);
-    }
-    fn restore(&self) {
-        self.0.set_mode(ProxyMode::Pass);
-    }
-    fn delay_replies(&self, delay: Duration) {
-        self.0.set_mode(ProxyMode::Delay(delay / 2));
-    }
-}
-
-/// A conformance factory over servers it keeps alive.
-pub struct ZkFactory {
-    name: &'static str,
-    addrs: Vec<SocketAddr>,
-    url: String,
-    _servers: Vec<StoreProcess>,
-}
-
-impl ZkFactory {
-    /// One private standalone server.
-    pub async fn standalone() -> Result<Arc<dyn BackendFactory>, String> {
-        let server = StoreProcess::start(StoreSpec::zookeeper())
-            .await
-            .map_err(|e| format!("cannot start ZooKeeper: {e}"))?;
-        Ok(Self::over("zookeeper", vec![server]))
-    }
-
-    /// A private three-server ensemble.
-    pub async fn ensemble() -> Result<Arc<dyn BackendFactory>, String> {
-        Ok(Self::over(
-            "zookeeper-ensemble",
-            try_start_ensemble().await?,
-        ))
-    }
-
-    fn over(name: &'static str, servers: Vec<StoreProcess>) -> Arc<dyn BackendFactory> {
-        let addrs: Vec<SocketAddr> = servers.iter().map(StoreProcess::addr).collect();
-        Arc::new(ZkFactory {
-            name,
-            url: zk_url(&addrs, ""),
-            addrs,
-            _servers: servers,
-        })
-    }
-}
-
-#[async_trait]
-impl BackendFactory for ZkFactory {
-    fn name(&self) -> String {
-        self.name.to_string()
-    }
-
-    async fn connect(&self) -> lock_core::Result<DynBackend> {
-        lock_zk::connect(&self.url).await
-    }
-
-    async fn residue(&self, prefix: &str) -> lock_core::Result<Vec<String>> {
-        ZkBackend::connect(&ZkConfig::from_url(&self.url)?)
-            .await?
-            .stored_keys(prefix)
-            .await
-    }
-
-    async fn connect_unreachable(&self) -> Option<lock_core::Result<DynBackend>> {
-        let url = zk_url(&[closed_addr()], "connect_timeout_ms=500");
-        Some(lock_zk::connect(&url).await)
-    }
-
-    async fn connect_with_link(
-        &self,
-    ) -> Option<lock_core::Result<(DynBackend, Arc<dyn LinkControl>)>> {
-        // One server behind one proxy: the client cannot route around the cut.
-        let proxy = TcpFaultProxy::start(self.addrs[0]).await.ok()?;
-        let url = zk_url(&[proxy.addr()], "");
-        Some(
-            lock_zk::connect(&url)
+/// One private standalone server for the conformance suite.
+pub const ZOOKEEPER: ServerStore = ServerStore {
+    name: "zookeeper",
+    start: || {
+        Box::pin(async {
+            let server = StoreProcess::start(StoreSpec::zookeeper())
                 .await
-                .map(|backend| (backend, Arc::new(ProxyLink(proxy)) as Arc<dyn LinkControl>)),
-        )
-    }
-}
+                .map_err(|e| format!("cannot start ZooKeeper: {e}"))?;
+            Ok(vec![server])
+        })
+    },
+    ..ENSEMBLE
+};
+
+/// A private three-server ensemble for the conformance suite.
+pub const ENSEMBLE: ServerStore = ServerStore {
+    name: "zookeeper-ensemble",
+    start: || Box::pin(try_start_ensemble()),
+    url: zk_url,
+    connect: |url| Box::pin(async move { lock_zk::connect(&url).await }),
+    connect_lazily: None,
+    residue: |url, prefix| {
+        Box::pin(async move {
+            ZkBackend::connect(&ZkConfig::from_url(&url)?)
+                .await?
+                .stored_keys(&prefix)
+                .await
+        })
+    },
+    link_options: "",
+    unreachable_options: "",
+    // Credentials are checked by the ACLs of a lock root (`faults.rs` tests them).
+    wrong_password: None,
+    renewal_requests: None,
+    shortest_ttl: DEFAULT_SHORTEST_TTL,
+};
 
 /// A three-server ensemble whose quorum links (each follower's connection to the leader)
 /// run through fault proxies: `links[(from, to)]` carries member `from`'s connection to

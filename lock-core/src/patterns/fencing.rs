@@ -2,7 +2,7 @@
 
 use std::sync::Mutex;
 
-use crate::lease::FencingToken;
+use crate::values::lease::FencingToken;
 
 /// A stand-in for a storage service that checks fencing tokens: it accepts a write only
 /// with a token at least as high as the highest it has seen, so a holder whose lease
@@ -58,7 +58,7 @@ impl<T> FencedResource<T> {
         token: FencingToken,
         write: impl FnOnce(&mut T) -> R,
     ) -> Result<R, StaleToken> {
-        let mut state = crate::sync::lock_unpoisoned(&self.state);
+        let mut state = crate::backend::sync::lock_unpoisoned(&self.state);
         if let Some(highest) = state.0 {
             if token < highest {
                 return Err(StaleToken {
@@ -73,12 +73,12 @@ impl<T> FencedResource<T> {
 
     /// Reads the value.
     pub fn read<R>(&self, read: impl FnOnce(&T) -> R) -> R {
-        let state = crate::sync::lock_unpoisoned(&self.state);
+        let state = crate::backend::sync::lock_unpoisoned(&self.state);
         read(&state.1)
     }
 
     /// The highest token accepted so far.
     pub fn highest_token(&self) -> Option<FencingToken> {
-        crate::sync::lock_unpoisoned(&self.state).0
+        crate::backend::sync::lock_unpoisoned(&self.state).0
     }
 }

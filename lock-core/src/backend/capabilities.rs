@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::error::{Error, Result};
+use crate::values::error::{Error, Result};
 
 /// How a backend keeps held leases alive. The core runs one renewal engine per client
 /// that drives all three, so holding many locks costs a constant number of tasks.

@@ -5,25 +5,31 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::{with_timeout, Record};
+use crate::backend::{with_timeout, Ownership, Record};
+use crate::client::guard::LockGuard;
+use crate::client::request::LockRequest;
 use crate::engine::ClientCore;
-use crate::error::{Error, ErrorKind, Result};
-use crate::guard::LockGuard;
-use crate::key::LockKey;
-use crate::options::{AcquireOptions, Backoff, Wait};
-use crate::request::LockRequest;
-use crate::scoped::LockScope;
+use crate::patterns::scoped::LockScope;
+use crate::values::error::{Error, ErrorKind, Result};
+use crate::values::key::LockKey;
+use crate::values::options::{AcquireOptions, Backoff, Wait};
 
 /// How long a result is kept for retries unless set: one day.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// What an idempotent call did.
+/// What an idempotent call did, with the result `T`: bytes from
+/// [`run`](IdempotentRequest::run), a value of the caller's type from `run_json` (with
+/// the `serde` feature).
+///
+/// Only `Ran` and `Replayed` carry a result; a caller that goes on after `?` without
+/// looking at the variant treats `InProgress` and `Failed` as success.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Execution<E> {
+#[must_use = "the work may not have run (InProgress) or may have failed (Failed): match on the outcome"]
+pub enum Execution<E, T = Vec<u8>> {
     /// This call ran the work, and its result is recorded for retries.
-    Ran(Vec<u8>),
+    Ran(T),
     /// The work had already completed: its recorded result, without running it again.
-    Replayed(Vec<u8>),
+    Replayed(T),
     /// Another caller is running the work right now (and this call did not wait, or not
     /// long enough, for it to finish).
     InProgress,
@@ -194,6 +200,92 @@ impl IdempotentRequest {
         };
         run.run_locked(guard, work).await
     }
+
+    /// [`run`](Self::run) for work whose result is any value serde can encode: the result
+    /// is recorded as JSON and decoded for every caller, this one included, so the first
+    /// run and every retry see the same value. Needs the `serde` cargo feature.
+    ///
+    /// A result that does not encode as JSON (a map with non-string keys, say) is
+    /// [`ErrorKind::InvalidInput`] after the work ran, and nothing is recorded: the next
+    /// call runs the work again. A recorded result that does not decode as `T` (recorded
+    /// by another version of the type, or as other bytes by [`run`](Self::run)) is
+    /// [`ErrorKind::InvalidInput`] until the record's [`retention`](Self::retention) ends;
+    /// a result type that changes incompatibly needs keys of its own.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lock_core::Result<()> {
+    /// use lock_core::{Execution, LockClient, MemoryBackend};
+    /// use serde::{Deserialize, Serialize};
+    ///
+    /// #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    /// struct Receipt {
+    ///     charged_cents: u64,
+    ///     reference: String,
+    /// }
+    ///
+    /// let client = LockClient::new(MemoryBackend::new());
+    /// let charge = || async {
+    ///     Ok::<_, String>(Receipt { charged_cents: 1000, reference: "tx-81".into() })
+    /// };
+    /// let first = client.idempotent("payment/4711").run_json(|_| charge()).await?;
+    /// let retry = client.idempotent("payment/4711").run_json(|_| charge()).await?;
+    /// match (first, retry) {
+    ///     (Execution::Ran(ran), Execution::Replayed(replayed)) => assert_eq!(ran, replayed),
+    ///     other => panic!("expected a run and a replay, got {other:?}"),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "serde")]
+    pub async fn run_json<F, Fut, T, E>(self, work: F) -> Result<Execution<E, T>>
+    where
+        F: FnOnce(LockScope) -> Fut,
+        Fut: Future<Output = std::result::Result<T, E>>,
+        T: serde::Serialize + serde::de::DeserializeOwned,
+    {
+        let key = self
+            .key
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        let execution = self
+            .run(|scope| async move {
+                let value = work(scope).await.map_err(JsonWork::Failed)?;
+                serde_json::to_vec(&value).map_err(JsonWork::Encode)
+            })
+            .await?;
+        let decode = |bytes: Vec<u8>| {
+            serde_json::from_slice::<T>(&bytes).map_err(|err| {
+                Error::invalid(format!(
+                    "the recorded result of {key:?} does not decode as {}: {err}",
+                    std::any::type_name::<T>()
+                ))
+                .with_source(err)
+            })
+        };
+        Ok(match execution {
+            Execution::Ran(bytes) => Execution::Ran(decode(bytes)?),
+            Execution::Replayed(bytes) => Execution::Replayed(decode(bytes)?),
+            Execution::InProgress => Execution::InProgress,
+            Execution::Failed(JsonWork::Failed(err)) => Execution::Failed(err),
+            Execution::Failed(JsonWork::Encode(err)) => {
+                return Err(Error::invalid(format!(
+                    "the work for {key:?} ran but its result does not encode as JSON, so \
+                     nothing was recorded: {err}"
+                ))
+                .with_source(err))
+            }
+        })
+    }
+}
+
+/// How work run by [`IdempotentRequest::run_json`] failed: by its own error, or by a
+/// result that does not encode.
+#[cfg(feature = "serde")]
+enum JsonWork<E> {
+    Failed(E),
+    Encode(serde_json::Error),
 }
 
 /// The part of a run that happens under the lock.
@@ -240,11 +332,11 @@ impl IdempotentRun {
         match written {
             // Written while held, so the result stands even if the lease runs out before
             // the release below.
-            Ok(true) => {
+            Ok(Ownership::Held) => {
                 release_quietly(guard).await;
                 Ok(Execution::Ran(record.value))
             }
-            Ok(false) => {
+            Ok(Ownership::NotHeld) => {
                 release_quietly(guard).await;
                 Err(Error::lost(format!(
                     "the lock on {:?} was lost before the result was recorded; the result was refused",
@@ -260,15 +352,15 @@ impl IdempotentRun {
 }
 
 impl IdempotentRun {
-    /// Records the result under `guard`'s lease: `Ok(false)` when the lease is lost (known
+    /// Records the result under `guard`'s lease: [`Ownership::NotHeld`] when the lease is lost (known
     /// here already, or found by the store's fence). An unanswered write is retried while
     /// the lease is valid (the write is idempotent).
-    async fn write(&self, guard: &LockGuard, record: &Record) -> Result<bool> {
+    async fn write(&self, guard: &LockGuard, record: &Record) -> Result<Ownership> {
         let mut attempt = 0;
         loop {
             let lease = guard.lease();
             if !guard.is_held() {
-                return Ok(false);
+                return Ok(Ownership::NotHeld);
             }
             let written = with_timeout(
                 self.request_timeout.min(lease.remaining()),
@@ -315,5 +407,105 @@ async fn release_quietly(guard: LockGuard) {
     let key = guard.key().clone();
     if let Err(err) = guard.release().await {
         tracing::debug!(%key, error = %err, "release after an idempotent run: {err}");
+    }
+}
+
+#[cfg(all(test, feature = "serde"))]
+mod json_tests {
+    use std::collections::HashMap;
+
+    use serde::{Deserialize, Serialize};
+
+    use crate::{ErrorKind, Execution, LockClient, MemoryBackend};
+
+    #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+    struct Receipt {
+        cents: u64,
+        reference: String,
+    }
+
+    fn receipt() -> Receipt {
+        Receipt {
+            cents: 1000,
+            reference: "tx-81".into(),
+        }
+    }
+
+    /// The first run and the retry see the same typed value, and the retry does not run
+    /// the work.
+    #[tokio::test]
+    async fn a_typed_result_is_replayed() {
+        let client = LockClient::new(MemoryBackend::new());
+        let first = client
+            .idempotent("k")
+            .run_json(|_| async { Ok::<_, String>(receipt()) })
+            .await
+            .unwrap();
+        assert_eq!(first, Execution::Ran(receipt()));
+        let retry = client
+            .idempotent("k")
+            .run_json(|_| async { Err::<Receipt, _>("ran again".to_string()) })
+            .await
+            .unwrap();
+        assert_eq!(retry, Execution::Replayed(receipt()));
+    }
+
+    /// The work's own error comes back as `Failed`, nothing is recorded, and the next
+    /// call runs the work.
+    #[tokio::test]
+    async fn a_failed_run_records_nothing() {
+        let client = LockClient::new(MemoryBackend::new());
+        let failed = client
+            .idempotent("k")
+            .run_json(|_| async { Err::<Receipt, _>("card declined") })
+            .await
+            .unwrap();
+        assert_eq!(failed, Execution::Failed("card declined"));
+        let next = client
+            .idempotent("k")
+            .run_json(|_| async { Ok::<_, String>(receipt()) })
+            .await
+            .unwrap();
+        assert_eq!(next, Execution::Ran(receipt()));
+    }
+
+    /// A result JSON cannot encode is an error naming the key, and leaves no record.
+    #[tokio::test]
+    async fn a_result_that_does_not_encode_is_refused_and_not_recorded() {
+        let client = LockClient::new(MemoryBackend::new());
+        let unencodable = HashMap::from([((1u8, 2u8), 3u8)]);
+        let err = client
+            .idempotent("tuple-keys")
+            .run_json(|_| async { Ok::<_, String>(unencodable) })
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
+        assert!(err.to_string().contains("tuple-keys"), "{err}");
+        let next = client
+            .idempotent("tuple-keys")
+            .run(|_| async { Ok::<_, String>(b"raw".to_vec()) })
+            .await
+            .unwrap();
+        assert_eq!(next, Execution::Ran(b"raw".to_vec()));
+    }
+
+    /// Bytes recorded by `run` that are not a `T` in JSON are an error, not a panic or a
+    /// rerun.
+    #[tokio::test]
+    async fn a_record_of_another_type_is_refused() {
+        let client = LockClient::new(MemoryBackend::new());
+        let raw = client
+            .idempotent("k")
+            .run(|_| async { Ok::<_, String>(b"not json".to_vec()) })
+            .await
+            .unwrap();
+        assert_eq!(raw, Execution::Ran(b"not json".to_vec()));
+        let err = client
+            .idempotent("k")
+            .run_json(|_| async { Ok::<_, String>(receipt()) })
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
+        assert!(err.to_string().contains("Receipt"), "{err}");
     }
 }

@@ -5,14 +5,14 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::capabilities::Capabilities;
+use crate::backend::capabilities::Capabilities;
 use crate::engine::acquire::acquire_held;
 use crate::engine::held::HeldLock;
 use crate::engine::ClientCore;
-use crate::error::{Error, ErrorKind, Result};
-use crate::key::LockKey;
-use crate::lease::FencingToken;
-use crate::options::{AcquireOptions, Renewal, Wait};
+use crate::values::error::{Error, ErrorKind, Result};
+use crate::values::key::LockKey;
+use crate::values::lease::FencingToken;
+use crate::values::options::{AcquireOptions, Renewal, Wait};
 
 /// A request for a once-per-window ticket: build it with
 /// [`LockClient::once`](crate::LockClient::once), refine it, `.await` it.

@@ -5,12 +5,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::client::guard::LockGuard;
 use crate::engine::reentry::{acquire_reentrant, OwnerState};
 use crate::engine::{acquire::acquire_held, ClientCore};
-use crate::error::Result;
-use crate::guard::LockGuard;
-use crate::key::LockKey;
-use crate::options::{AcquireOptions, Renewal, Wait};
+use crate::values::error::Result;
+use crate::values::key::LockKey;
+use crate::values::options::{AcquireOptions, LeaseSharing, Renewal, Wait};
 
 /// A lock request: refine it with the builder methods, then `.await` it for a guard.
 ///
@@ -31,7 +31,8 @@ pub struct LockRequest {
     wait: Option<Wait>,
     renewal: Option<Renewal>,
     holder_label: Option<Arc<str>>,
-    local_handoff: Option<bool>,
+    lease_sharing: Option<LeaseSharing>,
+    max_hold: Option<Duration>,
 }
 
 impl LockRequest {
@@ -50,7 +51,8 @@ impl LockRequest {
             wait: None,
             renewal: None,
             holder_label: None,
-            local_handoff: None,
+            lease_sharing: None,
+            max_hold: None,
         }
     }
 
@@ -88,11 +90,23 @@ impl LockRequest {
         self
     }
 
-    /// Lets the lease be handed to, and taken from, another task of this client waiting
-    /// for the same key without a store round trip; see
-    /// [`AcquireOptions::local_handoff`] for the price (one shared fencing token).
-    pub fn local_handoff(mut self, handoff: bool) -> Self {
-        self.local_handoff = Some(handoff);
+    /// Whether the lease may be handed to, and taken from, another task of this client
+    /// waiting for the same key without a store round trip; see
+    /// [`LeaseSharing::SharedWithLocalWaiters`] for the price (one shared fencing token).
+    pub fn lease_sharing(mut self, sharing: LeaseSharing) -> Self {
+        self.lease_sharing = Some(sharing);
+        self
+    }
+
+    /// [`lease_sharing`](Self::lease_sharing) with
+    /// [`LeaseSharing::SharedWithLocalWaiters`].
+    pub fn share_lease_with_local_waiters(self) -> Self {
+        self.lease_sharing(LeaseSharing::SharedWithLocalWaiters)
+    }
+
+    /// Caps how long the lock may be held: see [`AcquireOptions::max_hold`].
+    pub fn max_hold(mut self, cap: Duration) -> Self {
+        self.max_hold = Some(cap);
         self
     }
 
@@ -118,8 +132,11 @@ impl LockRequest {
         if let Some(label) = &self.holder_label {
             options.holder_label = Some(Arc::clone(label));
         }
-        if let Some(handoff) = self.local_handoff {
-            options.local_handoff = handoff;
+        if let Some(sharing) = self.lease_sharing {
+            options.lease_sharing = sharing;
+        }
+        if let Some(cap) = self.max_hold {
+            options.max_hold = Some(cap);
         }
         options
     }

@@ -4,9 +4,9 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, Result};
-use crate::key::LockKey;
-use crate::session::{Session, SessionStatus};
+use crate::backend::session::{Session, SessionStatus};
+use crate::values::error::{Error, Result};
+use crate::values::key::LockKey;
 
 /// A random 128-bit identity of one acquisition, chosen by the client before it sends the
 /// request so that a retried request can be recognised by the store as the same one.

@@ -3,11 +3,11 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::engine::held::HeldLock;
+use crate::engine::held::{HeldLock, LeaseHealth, LossReason};
 use crate::engine::reentry::Reentry;
-use crate::error::Result;
-use crate::key::LockKey;
-use crate::lease::{FencingToken, Lease};
+use crate::values::error::Result;
+use crate::values::key::LockKey;
+use crate::values::lease::{FencingToken, Lease};
 
 /// Proof of holding a lock.
 ///
@@ -58,14 +58,49 @@ impl LockGuard {
         self.held.is_held()
     }
 
-    /// Resolves when the lease is lost: its local deadline passed without a successful
-    /// renewal (or session keep-alive), or the store said it is no longer held. It fires
-    /// before the store can grant the key to anyone else (the deadline ends a drift
-    /// allowance before the store's expiry). It never resolves for a lease that was
-    /// released.
-    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+    /// Resolves when the lease is lost, with the reason: its local deadline passed
+    /// without a successful renewal (or session keep-alive), the store said it is no
+    /// longer held, the store ended its session, or the hold reached
+    /// [`max_hold`](crate::AcquireOptions::max_hold). A loss by deadline fires before the
+    /// store can grant the key to anyone else (the deadline ends a drift allowance before
+    /// the store's expiry). It never resolves for a lease that was released.
+    pub fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
         let held = Arc::clone(&self.held);
-        async move { held.wait_lost().await }
+        async move { held.wait_loss().await }
+    }
+
+    /// Why the lease was lost, once it was; `None` while it is held or after a release.
+    pub fn loss_reason(&self) -> Option<LossReason> {
+        self.held.health().loss_reason()
+    }
+
+    /// How the lease is doing: [`LeaseHealth::Suspended`] as soon as a renewal fails (or
+    /// the session loses its connection), well before the lease is lost, and
+    /// [`LeaseHealth::Healthy`] again when a renewal is answered.
+    pub fn health(&self) -> LeaseHealth {
+        self.held.health()
+    }
+
+    /// Resolves with the new health when renewals start failing
+    /// ([`LeaseHealth::Suspended`]) or the lease is lost: the early warning, for work
+    /// that should pause while the lock may be slipping away. Resolves at once if the
+    /// lease is not healthy now.
+    pub fn renewal_trouble(&self) -> impl Future<Output = LeaseHealth> + Send + 'static {
+        let held = Arc::clone(&self.held);
+        async move {
+            held.wait_health(|health| *health != LeaseHealth::Healthy)
+                .await
+        }
+    }
+
+    /// Resolves with the new health when it is no longer `seen`: for a loop that follows
+    /// every change (suspended, healthy again, lost).
+    pub fn health_changed(
+        &self,
+        seen: LeaseHealth,
+    ) -> impl Future<Output = LeaseHealth> + Send + 'static {
+        let held = Arc::clone(&self.held);
+        async move { held.wait_health(|health| *health != seen).await }
     }
 
     /// Renews the lease now, for [`Renewal::Manual`](crate::Renewal) (allowed with
@@ -88,7 +123,8 @@ impl LockGuard {
         self.done = true;
         if let Some(reentry) = self.reentry.take() {
             if !reentry.leave(&self.held) {
-                return if self.held.is_held() {
+                // Given back by the client's shutdown: as good as released.
+                return if self.held.is_held() || self.held.is_released() {
                     Ok(())
                 } else {
                     Err(self.held.lost_error())

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::lease::FencingToken;
+use crate::values::lease::FencingToken;
 
 /// Who holds a key, as [`LockClient::inspect`](crate::LockClient::inspect) tells it.
 ///

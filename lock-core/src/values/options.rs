@@ -73,43 +73,21 @@ impl Backoff {
             .min(self.max);
         cap.mul_f64(fastrand::f64())
     }
+}
 
-    /// Runs `attempt` until the store answers it: an error that says the store could not
-    /// be reached ([`ErrorKind::Unavailable`], [`ErrorKind::TimedOut`]) is tried again
-    /// after a pause of this backoff, for as long as `keep_trying` holds; any other
-    /// outcome is returned at once. Returns the last outcome and how many tries it took.
-    ///
-    /// For clean-ups that must reach the store eventually (a release, leaving a queue,
-    /// deleting a node), which are safe to repeat.
-    ///
-    /// [`ErrorKind::Unavailable`]: crate::ErrorKind::Unavailable
-    /// [`ErrorKind::TimedOut`]: crate::ErrorKind::TimedOut
-    pub async fn retry_while<T, F, Fut>(
-        &self,
-        mut keep_trying: impl FnMut() -> bool,
-        mut attempt: F,
-    ) -> (crate::Result<T>, u32)
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = crate::Result<T>>,
-    {
-        let mut tries = 0;
-        loop {
-            let outcome = attempt().await;
-            tries += 1;
-            match &outcome {
-                Err(err)
-                    if matches!(
-                        err.kind(),
-                        crate::ErrorKind::Unavailable | crate::ErrorKind::TimedOut
-                    ) && keep_trying() =>
-                {
-                    tokio::time::sleep(self.pause(tries - 1)).await;
-                }
-                _ => return (outcome, tries),
-            }
-        }
-    }
+/// Whether a held lease may pass between tasks of one client without a store round trip.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LeaseSharing {
+    /// Each task's ownership is its own, with its own fencing token: a release goes to the
+    /// store, and the next task acquires the key anew.
+    #[default]
+    OwnLease,
+    /// Opt-in: when this lock is released while another task of the same client waits for
+    /// the key (and shares too), the held lease is handed to that task without a store
+    /// round trip. Faster handovers, at a price: both tasks then work under **one**
+    /// ownership with **one fencing token**, so a resource fenced by the token cannot tell
+    /// their writes apart, and the store sees one uninterrupted hold by the process.
+    SharedWithLocalWaiters,
 }
 
 /// Everything about one acquisition except the key.
@@ -132,13 +110,15 @@ pub struct AcquireOptions {
     /// Who holds the lock, for operators ([`LockStatus::holder`](crate::LockStatus)):
     /// a host name, a job id. Kept by the stores that have room for it. Default: none.
     pub holder_label: Option<Arc<str>>,
-    /// Opt-in: when this lock is released while another task of the same client waits for
-    /// the key (and opted in too), the held lease is handed to that task without a store
-    /// round trip. Faster handovers, at a price: both tasks then work under **one**
-    /// ownership with **one fencing token**, so a resource fenced by the token cannot tell
-    /// their writes apart, and the store sees one uninterrupted hold by the process.
-    /// Default: off (each task's ownership is its own, with its own token).
-    pub local_handoff: bool,
+    /// Whether the lease may pass to another task of this client without the store.
+    /// Default: [`LeaseSharing::OwnLease`].
+    pub lease_sharing: LeaseSharing,
+    /// The longest the lock may be held, counted from the grant: at this point the
+    /// renewal engine stops keeping it and gives it back, and the guard is lost with
+    /// [`LossReason::HoldCapReached`](crate::LossReason). For a holder that is alive but
+    /// stuck, which automatic renewal would otherwise keep holding for ever. Default:
+    /// none.
+    pub max_hold: Option<Duration>,
 }
 
 impl Default for AcquireOptions {
@@ -151,7 +131,8 @@ impl Default for AcquireOptions {
             backoff: Backoff::default(),
             request_timeout: Duration::from_secs(5),
             holder_label: None,
-            local_handoff: false,
+            lease_sharing: LeaseSharing::OwnLease,
+            max_hold: None,
         }
     }
 }

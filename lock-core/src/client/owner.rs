@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 
+use crate::client::request::LockRequest;
 use crate::engine::reentry::OwnerState;
 use crate::engine::ClientCore;
-use crate::key::LockKey;
-use crate::options::AcquireOptions;
-use crate::request::LockRequest;
+use crate::values::key::LockKey;
+use crate::values::options::AcquireOptions;
 
 /// A reentrant lock owner. Clones are the same owner, so it can be shared across tasks.
 ///

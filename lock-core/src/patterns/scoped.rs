@@ -4,11 +4,11 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use crate::client::request::LockRequest;
 use crate::engine::held::HeldLock;
-use crate::error::{Error, Result};
-use crate::key::LockKey;
-use crate::lease::{FencingToken, Lease};
-use crate::request::LockRequest;
+use crate::values::error::{Error, Result};
+use crate::values::key::LockKey;
+use crate::values::lease::{FencingToken, Lease};
 
 /// What the body of [`LockClient::with_lock`](crate::LockClient::with_lock) (or
 /// [`LockRequest::scoped`]) gets to know about the lock it runs under. Cheap to clone.
@@ -86,7 +86,7 @@ impl LockRequest {
             // A loss wins over a body that completes in the same poll: its result cannot
             // be trusted.
             biased;
-            () = lost => {
+            _ = lost => {
                 // The release reports the loss itself (and frees the local line).
                 let lost = guard.release().await.err();
                 Err(lost.unwrap_or_else(|| Error::lost("the lock was lost while the scoped body ran")))
@@ -98,7 +98,7 @@ impl LockRequest {
 
 #[cfg(test)]
 mod tests {
-    use crate::backend::LockBackend;
+    use crate::backend::{LockBackend, Ownership};
     use crate::{ErrorKind, LockClient, MemoryBackend};
 
     /// The body finished, but the store had dropped the lease meanwhile (behind the
@@ -110,7 +110,7 @@ mod tests {
         let result = client
             .with_lock("k", |scope| async move {
                 let dropped = store.release(scope.key(), scope.lease().id()).await;
-                assert_eq!(dropped.ok(), Some(true));
+                assert_eq!(dropped.ok(), Some(Ownership::Held));
                 42
             })
             .await;

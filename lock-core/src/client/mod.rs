@@ -1,5 +1,15 @@
 //! What users call: a client over any backend.
 
+pub(crate) mod guard;
+pub(crate) mod owner;
+pub(crate) mod request;
+pub(crate) mod status;
+
+pub use guard::LockGuard;
+pub use owner::LockOwner;
+pub use request::LockRequest;
+pub use status::LockStatus;
+
 use std::future::Future;
 use std::sync::Arc;
 
@@ -7,16 +17,13 @@ use crate::backend::{with_timeout, DynBackend, LockBackend};
 use crate::engine::ClientCore;
 use tracing::Instrument;
 
-use crate::error::{Error, ErrorKind, Result};
-use crate::idempotent::IdempotentRequest;
-use crate::key::LockKey;
-use crate::lease::FencingToken;
-use crate::once::OnceRequest;
-use crate::options::AcquireOptions;
-use crate::owner::LockOwner;
-use crate::request::LockRequest;
-use crate::scoped::LockScope;
-use crate::status::LockStatus;
+use crate::patterns::idempotent::IdempotentRequest;
+use crate::patterns::once::OnceRequest;
+use crate::patterns::scoped::LockScope;
+use crate::values::error::{Error, ErrorKind, Result};
+use crate::values::key::LockKey;
+use crate::values::lease::FencingToken;
+use crate::values::options::AcquireOptions;
 
 /// Locks keys on one backend. Cheap to clone; clones share the backend and one renewal
 /// engine, which keeps every lock the client holds alive with a single task.
@@ -42,15 +49,12 @@ pub struct LockClient {
 }
 
 impl LockClient {
-    /// A client over `backend` with default options.
+    /// A client over `backend` with default options: a backend of any type, or one
+    /// already shared (the [`DynBackend`] a backend crate's `connect` returns), which is
+    /// used as it is.
     pub fn new(backend: impl LockBackend) -> Self {
-        Self::from_dyn(Arc::new(backend))
-    }
-
-    /// A client over an already shared backend.
-    pub fn from_dyn(backend: DynBackend) -> Self {
         LockClient {
-            core: Arc::new(ClientCore::new(backend)),
+            core: Arc::new(ClientCore::new(shared(backend))),
             defaults: AcquireOptions::default(),
         }
     }
@@ -71,11 +75,6 @@ impl LockClient {
     /// differ between stores, for code that relies on one of them.
     pub fn capabilities(&self) -> &crate::Capabilities {
         self.core.backend.capabilities()
-    }
-
-    /// The backend underneath.
-    pub fn backend(&self) -> &DynBackend {
-        &self.core.backend
     }
 
     /// A request for `key` with this client's default options, to refine and `.await`.
@@ -166,7 +165,7 @@ impl LockClient {
             // By lease id: whatever happened since the look, no later holder is touched.
             let released =
                 with_timeout(timeout, "release", backend.release(&key, holder.lease_id)).await?;
-            if released {
+            if released.is_held() {
                 tracing::warn!(key = %key, %token, "lock broken by an operator");
                 Ok(())
             } else {
@@ -252,9 +251,64 @@ impl LockClient {
         LockKey::new(key).map_or(0, |key| self.core.local.waiting(&key))
     }
 
+    /// Gives back every lease this client (and its clones) holds, stops their renewal, and
+    /// refuses further acquisitions ([`ErrorKind::InvalidInput`]). For the end of a
+    /// program: a guard still alive then would otherwise keep a per-key store (SQLite,
+    /// Redis, PostgreSQL) locked until its TTL runs out.
+    ///
+    /// The guards of those leases stay valid: [`LockGuard::is_held`] turns false, a later
+    /// [`LockGuard::release`] answers `Ok`, and [`LockGuard::lost`] never fires for them.
+    /// `Err` is the first release that did not reach the store (the lease then ends by
+    /// its TTL); a lease found lost already is no failure.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lock_core::Result<()> {
+    /// use lock_core::{LockClient, MemoryBackend};
+    ///
+    /// let store = MemoryBackend::new();
+    /// let client = LockClient::new(store.clone());
+    /// let _forgotten = client.lock("nightly").await?;
+    /// client.shutdown().await?;
+    /// // Free at once for everyone else, although the guard is still alive.
+    /// LockClient::new(store).try_lock("nightly").await?.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// [`LockGuard::is_held`]: crate::LockGuard::is_held
+    /// [`LockGuard::release`]: crate::LockGuard::release
+    /// [`LockGuard::lost`]: crate::LockGuard::lost
+    pub async fn shutdown(&self) -> Result<()> {
+        self.core.shutdown().await
+    }
+
     /// A reentrant owner: locks taken through it (and its clones) can be taken again
     /// while held, and are given back to the store only by the outermost release.
     pub fn owner(&self) -> LockOwner {
         LockOwner::new(Arc::clone(&self.core), self.defaults.clone())
+    }
+}
+
+/// `backend` as a [`DynBackend`]: one already shared is used as it is, not put behind a
+/// second `Arc` (every call would then go through two).
+fn shared<B: LockBackend>(backend: B) -> DynBackend {
+    let backend = Arc::new(backend);
+    match (&*backend as &dyn std::any::Any).downcast_ref::<DynBackend>() {
+        Some(already) => Arc::clone(already),
+        None => backend,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemoryBackend;
+
+    #[test]
+    fn a_shared_backend_is_used_as_it_is() {
+        let backend: DynBackend = Arc::new(MemoryBackend::new());
+        let client = LockClient::new(Arc::clone(&backend));
+        assert!(Arc::ptr_eq(&client.core.backend, &backend));
     }
 }

@@ -7,8 +7,10 @@
 //! and errors that never repeat the credentials part of the input.
 
 use std::fmt;
+use std::num::NonZeroU64;
+use std::time::Duration;
 
-use crate::error::{Error, ErrorKind, Result};
+use crate::values::error::{Error, ErrorKind, Result};
 
 /// Query parameters whose values are secrets (or can carry one, like PostgreSQL's
 /// `options=-c ...`), hidden wherever a URL is shown.
@@ -21,7 +23,7 @@ const SECRET_PARAMS: &[&str] = &["password", "sslpassword", "options", "token", 
 /// the password and secret query values as `***`.
 ///
 /// ```
-/// use lock_core::StoreUrl;
+/// use lock_core::backend::StoreUrl;
 ///
 /// let url = StoreUrl::parse("redis+redlock://app:p%2Fss@h1:7001,h2:7002/3?node_timeout_ms=50")?;
 /// assert_eq!(url.scheme(), "redis+redlock");
@@ -116,6 +118,18 @@ impl StoreUrl {
         })
     }
 
+    /// Parses `input` as a file URL ([`parse_file`](Self::parse_file)) when its scheme is
+    /// one of `file_schemes`, else as a URL with hosts ([`parse`](Self::parse)): for a
+    /// backend that serves embedded and networked stores alike.
+    pub fn parse_either(input: &str, file_schemes: &[&str]) -> Result<Self> {
+        let (scheme, _) = split_scheme(input)?;
+        if file_schemes.contains(&scheme.as_str()) {
+            Self::parse_file(input)
+        } else {
+            Self::parse(input)
+        }
+    }
+
     /// Parses a URL whose whole body is a file path, for embedded stores:
     /// `sqlite:///abs/path.db` or `sqlite://relative.db`, with an optional `?query`.
     pub fn parse_file(input: &str) -> Result<Self> {
@@ -175,8 +189,8 @@ impl StoreUrl {
         }
     }
 
-    /// Refuses whatever query parameters were not taken: call it once every known option
-    /// has been taken with [`take_param`](Self::take_param).
+    /// Refuses whatever query parameters were not taken, in one wording for every store:
+    /// call it once every known option has been taken (`take_*`).
     pub fn finish(&self) -> Result<()> {
         match self.query.first() {
             Some((name, _)) => Err(self.unknown_option(name)),
@@ -231,24 +245,86 @@ impl StoreUrl {
     }
 
     /// Like [`take_param`](Self::take_param), parsed: a value that does not parse is
-    /// [`ErrorKind::InvalidInput`] naming the parameter (its value is not repeated when
-    /// the parameter is a secret).
+    /// [`ErrorKind::InvalidInput`] saying `name="value" is not {expected}` (the value is
+    /// not repeated when the parameter is a secret), the one wording of every option.
     pub fn take_parsed<T: std::str::FromStr>(
         &mut self,
         name: &str,
         expected: &str,
     ) -> Result<Option<T>> {
+        self.take_read(name, expected, |value| value.parse().ok())
+    }
+
+    /// Takes the option `name` as a positive number of milliseconds (the `..._ms` options
+    /// of every store); `0` is refused, since no bound or TTL can be zero.
+    pub fn take_millis(&mut self, name: &str) -> Result<Option<Duration>> {
+        let ms = self.take_parsed::<NonZeroU64>(name, "a positive number of milliseconds")?;
+        Ok(ms.map(|ms| Duration::from_millis(ms.get())))
+    }
+
+    /// Takes the option `name` as a yes or no: `true`, `yes`, `1` or `false`, `no`, `0`, in
+    /// any case.
+    pub fn take_flag(&mut self, name: &str) -> Result<Option<bool>> {
+        self.take_read(name, "true or false", |value| {
+            match value.to_ascii_lowercase().as_str() {
+                "true" | "yes" | "1" => Some(true),
+                "false" | "no" | "0" => Some(false),
+                _ => None,
+            }
+        })
+    }
+
+    /// Takes the option `name` as one of `choices` (`(spelling, value)` pairs, spellings
+    /// compared in any case); any other value is refused naming the spellings.
+    pub fn take_choice<T: Copy>(&mut self, name: &str, choices: &[(&str, T)]) -> Result<Option<T>> {
+        let spellings: Vec<&str> = choices.iter().map(|(spelling, _)| *spelling).collect();
+        self.take_read(name, &one_of(&spellings), |value| {
+            choices
+                .iter()
+                .find(|(spelling, _)| spelling.eq_ignore_ascii_case(value))
+                .map(|(_, choice)| *choice)
+        })
+    }
+
+    /// The scheme, when it is one of `schemes` (listed in lower case); any other is
+    /// [`ErrorKind::InvalidInput`] naming those accepted. Returns the matching entry of
+    /// `schemes`, so a backend can `match` on it.
+    pub fn expect_scheme(&self, schemes: &[&'static str]) -> Result<&'static str> {
+        schemes
+            .iter()
+            .copied()
+            .find(|scheme| *scheme == self.scheme)
+            .ok_or_else(|| {
+                self.error(&format!(
+                    "unsupported scheme {:?} (expected {})",
+                    self.scheme,
+                    one_of(schemes)
+                ))
+            })
+    }
+
+    /// Takes the option `name` and reads it with `read`; a value it does not accept is
+    /// refused in the one wording of every option.
+    fn take_read<T>(
+        &mut self,
+        name: &str,
+        expected: &str,
+        read: impl FnOnce(&str) -> Option<T>,
+    ) -> Result<Option<T>> {
         let Some(value) = self.take_param(name) else {
             return Ok(None);
         };
-        value.parse().map(Some).map_err(|_| {
-            let shown = if !self.shows_param(name) {
-                "***"
-            } else {
-                value.as_str()
-            };
-            self.error(&format!("{name}={shown:?} is not {expected}"))
-        })
+        match read(&value) {
+            Some(read) => Ok(Some(read)),
+            None => {
+                let shown = if self.shows_param(name) {
+                    value.as_str()
+                } else {
+                    "***"
+                };
+                Err(self.error(&format!("{name}={shown:?} is not {expected}")))
+            }
+        }
     }
 
     /// An [`ErrorKind::InvalidInput`] error about this URL, showing it redacted.
@@ -366,6 +442,41 @@ pub fn redact_url(url: &str) -> String {
     shown
 }
 
+/// `text` (a store client's message, say) with the credentials of the store URL `url`
+/// hidden wherever they show: the URL itself, and each secret (the password, secret query
+/// values) where it stands as one (`:pw@`, `=pw`). A secret's bare text is replaced only
+/// when it is long enough not to be an ordinary word: with the password `p`, "pool timed
+/// out" must stay readable.
+pub fn redact_url_in(text: &str, url: &str) -> String {
+    let mut text = text.replace(url, &redact_url(url));
+    let secrets: Vec<String> = match StoreUrl::parse(url) {
+        Ok(parsed) => parsed
+            .password()
+            .map(str::to_owned)
+            .into_iter()
+            .chain(
+                parsed
+                    .query()
+                    .iter()
+                    .filter(|(name, _)| is_secret(name))
+                    .map(|(_, value)| value.clone()),
+            )
+            .filter(|secret| !secret.is_empty())
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    const UNMISTAKABLE: usize = 8;
+    for secret in secrets {
+        text = text
+            .replace(&format!(":{secret}@"), ":***@")
+            .replace(&format!("={secret}"), "=***");
+        if secret.chars().count() >= UNMISTAKABLE {
+            text = text.replace(&secret, "***");
+        }
+    }
+    text
+}
+
 /// Where the value of the first secret query parameter begins (at its `=`), if any.
 fn secret_value_start(url: &str) -> Option<usize> {
     let query = url.find('?')? + 1;
@@ -379,6 +490,15 @@ fn secret_value_start(url: &str) -> Option<usize> {
         start += pair.len() + 1;
     }
     None
+}
+
+/// `"a"` alone, or `one of "a", "b"`.
+fn one_of(choices: &[&str]) -> String {
+    let quoted: Vec<String> = choices.iter().map(|choice| format!("{choice:?}")).collect();
+    match quoted.as_slice() {
+        [one] => one.clone(),
+        _ => format!("one of {}", quoted.join(", ")),
+    }
 }
 
 fn is_secret(name: &str) -> bool {
@@ -509,6 +629,109 @@ mod tests {
         let mut url = StoreUrl::parse("postgres://h/db?password=hunter2").unwrap();
         let err = url.take_parsed::<u32>("password", "a number").unwrap_err();
         assert!(!err.to_string().contains("hunter2"), "{err}");
+    }
+
+    #[test]
+    fn options_are_taken_typed_and_refused_in_one_wording() {
+        let mut url =
+            StoreUrl::parse("etcd://h/p?wait_ms=250&durable=YES&fast=0&layout=Etcd-Mutex&left=1")
+                .unwrap();
+        assert_eq!(url.expect_scheme(&["redis", "etcd"]).unwrap(), "etcd");
+        assert_eq!(
+            url.take_millis("wait_ms").unwrap(),
+            Some(Duration::from_millis(250))
+        );
+        assert_eq!(url.take_millis("wait_ms").unwrap(), None, "taken once");
+        assert_eq!(url.take_flag("durable").unwrap(), Some(true));
+        assert_eq!(url.take_flag("fast").unwrap(), Some(false));
+        assert_eq!(url.take_flag("absent").unwrap(), None);
+        let layouts = [("distlock", 1), ("etcd-mutex", 2)];
+        assert_eq!(url.take_choice("layout", &layouts).unwrap(), Some(2));
+        assert_eq!(url.take_choice("absent", &layouts).unwrap(), None);
+        let err = url.finish().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
+        assert!(err.message().ends_with("unknown option \"left\""), "{err}");
+        url.take_param("left");
+        url.finish().unwrap();
+
+        let refused = |query: &str, take: &dyn Fn(&mut StoreUrl) -> Result<()>| {
+            let mut url = StoreUrl::parse(&format!("etcd://u:pw@h?{query}")).unwrap();
+            let err = take(&mut url).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidInput, "{query}");
+            assert!(!err.message().contains("pw@"), "{err}");
+            err.message().rsplit_once(": ").unwrap().1.to_string()
+        };
+        let millis = |url: &mut StoreUrl| url.take_millis("t_ms").map(drop);
+        assert_eq!(
+            refused("t_ms=0", &millis),
+            "t_ms=\"0\" is not a positive number of milliseconds"
+        );
+        assert_eq!(
+            refused("t_ms=-5", &millis),
+            "t_ms=\"-5\" is not a positive number of milliseconds"
+        );
+        assert_eq!(
+            refused("on=maybe", &|url| url.take_flag("on").map(drop)),
+            "on=\"maybe\" is not true or false"
+        );
+        assert_eq!(
+            refused("layout=zk", &|url| url
+                .take_choice("layout", &layouts)
+                .map(drop)),
+            "layout=\"zk\" is not one of \"distlock\", \"etcd-mutex\""
+        );
+        assert_eq!(
+            refused("", &|url| url.expect_scheme(&["redis", "rediss"]).map(drop)),
+            "unsupported scheme \"etcd\" (expected one of \"redis\", \"rediss\")"
+        );
+        assert_eq!(
+            refused("", &|url| url.expect_scheme(&["zk"]).map(drop)),
+            "unsupported scheme \"etcd\" (expected \"zk\")"
+        );
+        // A secret's value is never repeated, even when it is a bad value.
+        assert_eq!(
+            refused("password=hunter2", &|url| url
+                .take_flag("password")
+                .map(drop)),
+            "password=\"***\" is not true or false"
+        );
+    }
+
+    #[test]
+    fn parse_either_reads_file_schemes_as_paths() {
+        let file = StoreUrl::parse_either("SQLITE://rel/a.db?table=t", &["sqlite"]).unwrap();
+        assert_eq!((file.scheme(), file.path()), ("sqlite", "rel/a.db"));
+        assert!(file.hosts().is_empty());
+        let server = StoreUrl::parse_either("postgres://u@h:5/db", &["sqlite"]).unwrap();
+        assert_eq!((server.hosts().len(), server.path()), (1, "db"));
+        assert!(StoreUrl::parse_either("postgres:///db", &["sqlite"]).is_err());
+    }
+
+    #[test]
+    fn a_short_secret_is_hidden_only_where_it_stands_as_one() {
+        let store = "postgres://app:p@127.0.0.1:5432/db";
+        let line = "pool timed out while waiting for an open connection";
+        assert_eq!(redact_url_in(line, store), line);
+        let repeated = format!("cannot reach {store}; tried app:p@127.0.0.1 with password=p");
+        let hidden = redact_url_in(&repeated, store);
+        assert!(
+            !hidden.contains(":p@") && !hidden.contains("=p"),
+            "{hidden}"
+        );
+        assert!(
+            hidden.contains("postgres://app:***@127.0.0.1:5432/db"),
+            "{hidden}"
+        );
+    }
+
+    #[test]
+    fn a_long_secret_is_hidden_wherever_it_shows() {
+        let store = "redis://:correct-horse-battery@127.0.0.1:6379";
+        let hidden = redact_url_in("AUTH correct-horse-battery refused", store);
+        assert_eq!(hidden, "AUTH *** refused");
+        let store = "postgres://u@h/db?sslmode=x&password=tr0ub4dor-and-3";
+        let hidden = redact_url_in("auth with tr0ub4dor-and-3 failed", store);
+        assert_eq!(hidden, "auth with *** failed");
     }
 
     #[test]

@@ -4,7 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use crate::error::{Error, Result};
+use crate::values::error::{Error, Result};
 
 /// The name of a lock: a non-empty UTF-8 string of at most [`LockKey::MAX_LEN`] bytes
 /// without control characters.

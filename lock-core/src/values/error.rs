@@ -83,6 +83,22 @@ impl Error {
         }
     }
 
+    /// A store failure, for backend crates mapping their client's errors: `{store}: {doing}
+    /// failed` (`redis 127.0.0.1:6379: acquire failed`). `store` names the store (and the
+    /// node, where there are several) and `doing` what was being done; neither may carry a
+    /// credential. Add what to change with [`hint`](Self::hint) and the client's error
+    /// with [`with_source`](Self::with_source).
+    pub fn store(store: &str, doing: &str, kind: ErrorKind) -> Self {
+        Error::new(kind, format!("{store}: {doing} failed"))
+    }
+
+    /// Appends `: {hint}` to the message: what the user can change, or what the store's
+    /// answer means.
+    pub fn hint(mut self, hint: &str) -> Self {
+        self.message = format!("{}: {hint}", self.message).into();
+        self
+    }
+
     /// Attaches the underlying (store client) error.
     pub fn with_source(mut self, source: impl StdError + Send + Sync + 'static) -> Self {
         self.source = Some(Arc::new(source));
@@ -161,6 +177,22 @@ mod tests {
         assert!(!ErrorKind::Lost.is_retryable());
         assert!(!ErrorKind::InvalidInput.is_retryable());
         assert!(!ErrorKind::Misconfigured.is_retryable());
+    }
+
+    #[test]
+    fn store_errors_name_the_store_and_what_was_done() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let err = Error::store("redis 127.0.0.1:6379", "acquire", ErrorKind::Unavailable)
+            .hint("is the server up?")
+            .with_source(io);
+        assert_eq!(err.kind(), ErrorKind::Unavailable);
+        assert_eq!(
+            err.to_string(),
+            "unavailable: redis 127.0.0.1:6379: acquire failed: is the server up?"
+        );
+        assert!(err.source().is_some());
+        let plain = Error::store("etcd", "watching a key", ErrorKind::Internal);
+        assert_eq!(plain.message(), "etcd: watching a key failed");
     }
 
     #[test]

@@ -1,0 +1,342 @@
+//! The suite factory of every store that runs as servers: a backend's test support is the
+//! data of one [`ServerStore`] (how to start its servers, how to address them, how to
+//! connect), and [`ServerFactory`] does the rest: clients, links through fault proxies,
+//! unreachable clients, and private servers that the outage scenarios pause, kill and
+//! restart without disturbing the scenarios that share the factory's own servers.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::backend::{async_trait, DynBackend};
+use tokio::sync::Mutex;
+
+use crate::failure::Failure;
+use crate::network::closed_addr;
+use crate::proxy::LinkControl;
+use crate::proxy::TcpFaultProxy;
+use crate::store_process::StoreProcess;
+
+/// A boxed future that owns what it uses.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// A count of requests, or why it could not be read.
+pub type CountResult = Result<u64, String>;
+
+/// [`BackendFactory::shortest_ttl`] unless a store needs more.
+pub const DEFAULT_SHORTEST_TTL: Duration = Duration::from_millis(400);
+
+/// Builds clients of one store under test. Each [`connect`](Self::connect) is an
+/// independent client, as a separate process would have.
+#[async_trait]
+pub trait BackendFactory: Send + Sync + 'static {
+    /// The name in test names and the report (`memory`, `redis`, `postgres`, ...).
+    fn name(&self) -> String;
+
+    /// A new, independent client of the store.
+    async fn connect(&self) -> lock_core::Result<DynBackend>;
+
+    /// What the store still keeps for keys that start with `prefix`, apart from what the
+    /// backend's docs say it keeps for ever (such as a fencing counter). Empty when
+    /// nothing is left behind.
+    async fn residue(&self, prefix: &str) -> lock_core::Result<Vec<String>>;
+
+    /// A client configured for a store that cannot be reached (a closed port), if the
+    /// backend talks to a server at all; `None` for an embedded store.
+    async fn connect_unreachable(&self) -> Option<lock_core::Result<DynBackend>> {
+        None
+    }
+
+    /// A new client whose link to the store the scenario can cut or slow, for the session
+    /// scenarios; `None` when the factory cannot build one.
+    async fn connect_with_link(
+        &self,
+    ) -> Option<lock_core::Result<(DynBackend, Arc<dyn LinkControl>)>> {
+        None
+    }
+
+    /// The shortest TTL the scenarios may give a lease of this store: long enough that a
+    /// renewal sent a third of the way in is answered before the lease runs out, on a
+    /// loaded machine too. A store that syncs every write to disk needs more than one that
+    /// keeps them in memory.
+    fn shortest_ttl(&self) -> Duration {
+        DEFAULT_SHORTEST_TTL
+    }
+
+    /// The servers behind the factory, for the outage scenarios (private servers to pause,
+    /// kill and restart, clients of other addresses); `None` for an embedded store.
+    fn servers(&self) -> Option<&ServerFactory> {
+        None
+    }
+}
+
+/// What the suite must know of a store that runs as servers.
+#[derive(Clone, Copy)]
+pub struct ServerStore {
+    /// The name in test names and the report.
+    pub name: &'static str,
+    /// Starts a fresh set of servers (one, or a cluster's members), ready to serve; a
+    /// server that fails to start is an error, never a skip.
+    pub start: fn() -> BoxFuture<Result<Vec<StoreProcess>, String>>,
+    /// A URL over these server addresses with extra options (`"a=b&c=d"`, may be empty).
+    pub url: fn(&[SocketAddr], &str) -> String,
+    /// Connects a backend for a URL.
+    pub connect: fn(String) -> BoxFuture<lock_core::Result<DynBackend>>,
+    /// Builds a backend for a URL without contacting the store, when the backend can:
+    /// lock calls, not the connect, then meet a store that is gone.
+    pub connect_lazily: Option<fn(String) -> lock_core::Result<DynBackend>>,
+    /// What the store keeps for keys under a prefix (URL, prefix).
+    pub residue: fn(String, String) -> BoxFuture<lock_core::Result<Vec<String>>>,
+    /// Options of clients whose link the scenarios control (`""` for none).
+    pub link_options: &'static str,
+    /// Options of clients of unreachable stores besides the connect time-out the scenario
+    /// sets (`""` for none).
+    pub unreachable_options: &'static str,
+    /// A URL naming a user the servers know with this wrong password, when the servers
+    /// authenticate clients.
+    pub wrong_password: Option<fn(&[SocketAddr], &str) -> String>,
+    /// How many requests that can renew leases the server at an address has received so
+    /// far, when the store can tell (to show that renewals are batched).
+    pub renewal_requests: Option<fn(SocketAddr) -> BoxFuture<CountResult>>,
+    /// [`BackendFactory::shortest_ttl`] for this store.
+    pub shortest_ttl: Duration,
+}
+
+/// Clients of servers started for the run, kept alive as long as the factory.
+pub struct ServerFactory {
+    store: ServerStore,
+    addrs: Vec<SocketAddr>,
+    _servers: Vec<StoreProcess>,
+}
+
+impl ServerFactory {
+    /// Starts the store's servers and makes a factory over them.
+    pub async fn start(store: ServerStore) -> Result<Arc<dyn BackendFactory>, String> {
+        let servers = (store.start)()
+            .await
+            .map_err(|err| format!("starting {}: {err}", store.name))?;
+        Ok(Arc::new(ServerFactory {
+            store,
+            addrs: servers.iter().map(StoreProcess::addr).collect(),
+            _servers: servers,
+        }))
+    }
+
+    /// The store.
+    pub fn store(&self) -> &ServerStore {
+        &self.store
+    }
+
+    /// The servers' addresses.
+    pub fn addrs(&self) -> &[SocketAddr] {
+        &self.addrs
+    }
+
+    /// A backend for these addresses (other than the servers': proxies, closed ports) with
+    /// extra options.
+    pub async fn connect_to(
+        &self,
+        addrs: &[SocketAddr],
+        options: &str,
+    ) -> lock_core::Result<DynBackend> {
+        (self.store.connect)((self.store.url)(addrs, options)).await
+    }
+
+    /// A fresh set of servers of the same kind for one scenario alone, to pause, kill and
+    /// restart while other scenarios use the factory's own servers.
+    pub async fn start_private(&self) -> Result<PrivateServers, Failure> {
+        let servers = (self.store.start)()
+            .await
+            .map_err(|err| Failure(format!("starting private {}: {err}", self.store.name)))?;
+        Ok(PrivateServers {
+            store: self.store,
+            addrs: servers.iter().map(StoreProcess::addr).collect(),
+            servers: Mutex::new(servers),
+        })
+    }
+}
+
+#[async_trait]
+impl BackendFactory for ServerFactory {
+    fn name(&self) -> String {
+        self.store.name.to_string()
+    }
+
+    fn shortest_ttl(&self) -> Duration {
+        self.store.shortest_ttl
+    }
+
+    async fn connect(&self) -> lock_core::Result<DynBackend> {
+        self.connect_to(&self.addrs, "").await
+    }
+
+    async fn residue(&self, prefix: &str) -> lock_core::Result<Vec<String>> {
+        (self.store.residue)((self.store.url)(&self.addrs, ""), prefix.to_string()).await
+    }
+
+    async fn connect_unreachable(&self) -> Option<lock_core::Result<DynBackend>> {
+        let closed: Result<Vec<SocketAddr>, Failure> =
+            self.addrs.iter().map(|_| closed_addr()).collect();
+        let closed = match closed {
+            Ok(closed) => closed,
+            Err(failure) => return Some(Err(internal(failure.0))),
+        };
+        let url = (self.store.url)(
+            &closed,
+            &join_options("connect_timeout_ms=300", self.store.unreachable_options),
+        );
+        Some(match self.store.connect_lazily {
+            Some(build) => build(url),
+            None => (self.store.connect)(url).await,
+        })
+    }
+
+    async fn connect_with_link(
+        &self,
+    ) -> Option<lock_core::Result<(DynBackend, Arc<dyn LinkControl>)>> {
+        // A proxy in front of every server: the client cannot route around the cut.
+        let mut proxies = Vec::with_capacity(self.addrs.len());
+        for addr in &self.addrs {
+            match TcpFaultProxy::start(*addr).await {
+                Ok(proxy) => proxies.push(proxy),
+                Err(err) => return Some(Err(internal(format!("cannot start a proxy: {err}")))),
+            }
+        }
+        let proxied: Vec<SocketAddr> = proxies.iter().map(TcpFaultProxy::addr).collect();
+        Some(
+            self.connect_to(&proxied, self.store.link_options)
+                .await
+                .map(|backend| (backend, Arc::new(proxies) as Arc<dyn LinkControl>)),
+        )
+    }
+
+    fn servers(&self) -> Option<&ServerFactory> {
+        Some(self)
+    }
+}
+
+/// Servers started for one scenario, stopped when dropped.
+pub struct PrivateServers {
+    store: ServerStore,
+    addrs: Vec<SocketAddr>,
+    servers: Mutex<Vec<StoreProcess>>,
+}
+
+impl PrivateServers {
+    /// The servers' addresses.
+    pub fn addrs(&self) -> &[SocketAddr] {
+        &self.addrs
+    }
+
+    /// A new client of every server, with extra URL options.
+    pub async fn connect(&self, options: &str) -> lock_core::Result<DynBackend> {
+        (self.store.connect)((self.store.url)(&self.addrs, options)).await
+    }
+
+    /// Freezes every server (SIGSTOP): connections stay open, nothing is answered.
+    pub async fn pause(&self) -> Result<(), Failure> {
+        for server in self.servers.lock().await.iter() {
+            server
+                .pause()
+                .map_err(|err| Failure(format!("pausing a server: {err}")))?;
+        }
+        Ok(())
+    }
+
+    /// Lets every server run again (SIGCONT).
+    pub async fn resume(&self) -> Result<(), Failure> {
+        for server in self.servers.lock().await.iter() {
+            server
+                .resume()
+                .map_err(|err| Failure(format!("resuming a server: {err}")))?;
+        }
+        Ok(())
+    }
+
+    /// Kills every server without warning (SIGKILL), then starts them all again on the
+    /// same ports and data, together (a cluster member is ready only once a quorum is).
+    pub async fn restart(&self) -> Result<(), Failure> {
+        let mut servers = self.servers.lock().await;
+        for server in servers.iter_mut() {
+            server
+                .kill()
+                .map_err(|err| Failure(format!("killing a server: {err}")))?;
+        }
+        let mut restarts = tokio::task::JoinSet::new();
+        for (index, mut server) in servers.drain(..).enumerate() {
+            restarts.spawn(async move {
+                let restarted = server.restart().await;
+                (index, server, restarted)
+            });
+        }
+        let mut back = Vec::new();
+        let mut failed = None;
+        while let Some(done) = restarts.join_next().await {
+            let (index, server, restarted) =
+                done.map_err(|err| Failure(format!("a restart panicked: {err}")))?;
+            if let Err(err) = restarted {
+                failed = Some(Failure(format!("restarting a server: {err}")));
+            }
+            back.push((index, server));
+        }
+        back.sort_by_key(|(index, _)| *index);
+        servers.extend(back.into_iter().map(|(_, server)| server));
+        failed.map_or(Ok(()), Err)
+    }
+}
+
+/// `first` and `second` joined as URL options, either may be empty.
+pub fn join_options(first: &str, second: &str) -> String {
+    match (first.is_empty(), second.is_empty()) {
+        (_, true) => first.to_string(),
+        (true, false) => second.to_string(),
+        (false, false) => format!("{first}&{second}"),
+    }
+}
+
+fn internal(message: String) -> lock_core::Error {
+    lock_core::Error::new(lock_core::ErrorKind::Internal, message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scenarios::Offers;
+
+    /// A store whose "servers" are one in-memory store: enough to probe a factory.
+    const MEMORY: ServerStore = ServerStore {
+        name: "memory-as-server",
+        start: || Box::pin(async { Ok(Vec::new()) }),
+        url: |_, _| String::new(),
+        connect: |_| {
+            Box::pin(async { Ok(Arc::new(lock_core::MemoryBackend::new().client()) as DynBackend) })
+        },
+        connect_lazily: None,
+        residue: |_, _| Box::pin(async { Ok(Vec::new()) }),
+        link_options: "",
+        unreachable_options: "",
+        wrong_password: None,
+        renewal_requests: None,
+        shortest_ttl: DEFAULT_SHORTEST_TTL,
+    };
+
+    /// A link proxy that cannot start (here: the proxy refuses a target off loopback)
+    /// fails the probe, and so the run, instead of marking the link scenarios "not
+    /// applicable".
+    #[tokio::test]
+    async fn a_proxy_that_fails_to_start_fails_the_probe() {
+        let factory = ServerFactory {
+            store: MEMORY,
+            addrs: vec![SocketAddr::from(([192, 0, 2, 1], 1))],
+            _servers: Vec::new(),
+        };
+        let probed = Offers::probe(&factory).await;
+        assert!(
+            probed.is_err(),
+            "probed as {:?}",
+            probed.map(|offers| offers.link)
+        );
+    }
+}

@@ -1,0 +1,12 @@
+//! Patterns built on the lock: run once, run idempotently, scope a set of keys, and
+//! refuse stale holders by their fencing token.
+
+pub(crate) mod fencing;
+pub(crate) mod idempotent;
+pub(crate) mod once;
+pub(crate) mod scoped;
+
+pub use fencing::{FencedResource, StaleToken};
+pub use idempotent::{Execution, IdempotentRequest, DEFAULT_RETENTION};
+pub use once::{OnceRequest, OnceTicket};
+pub use scoped::LockScope;
