@@ -203,6 +203,7 @@ scenarios! {
     waiting::waiter_wakes_despite_dropped_notification => Notification,
     waiting::fifo_order_with_dead_waiter => FairOrdering,
     waiting::queued_wait_times_out_while_its_attempt_is_slow => FairOrdering,
+    waiting::queued_wait_times_out_while_its_leave_is_slow => FairOrdering,
     waiting::subscription_setup_is_bounded_by_the_wait => Notification,
     recovery::reentrancy_accounting => Reentrancy,
     recovery::owner_tasks_keep_their_own_bounds => Reentrancy,

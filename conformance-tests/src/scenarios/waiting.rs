@@ -1,5 +1,6 @@
 //! Try-lock, bounded waits, prompt wake-ups and fair queues.
 
+use std::future::IntoFuture;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -129,6 +130,42 @@ pub async fn queued_wait_times_out_while_its_attempt_is_slow(ctx: &Ctx) -> Outco
     released(guard.release().await, "holder lost its lease")?;
     let next = within(SLACK * 4, "a free key after the timed-out waiter", async {
         holder.lock(&key).wait_up_to(bound * 4).await
+    })
+    .await??;
+    released(next.release().await, "next holder")?;
+    Ok(())
+}
+
+/// A queued wait that times out returns within its bound even when leaving the queue is
+/// slow: the leave finishes in the background, and the key is free for others once it
+/// has landed.
+pub async fn queued_wait_times_out_while_its_leave_is_slow(ctx: &Ctx) -> Outcome {
+    let key = ctx.key("queued-slow-leave");
+    let bound = Duration::from_millis(300);
+    let holder = ctx.client().await?;
+    let (waiter, faulty) = ctx.faulty_client().await?;
+    let guard = holder.lock(&key).await?;
+    let started = Instant::now();
+    let wait = tokio::spawn(waiter.lock(&key).wait_up_to(bound).into_future());
+    // Only the leave is slow: the enqueue has been answered before the fault goes in.
+    eventually(bound, "the waiter's enqueue answered", || async {
+        Ok(faulty.completed(Op::Queue) >= 1)
+    })
+    .await?;
+    faulty.inject(Op::Queue, Fault::Delay(bound * 3));
+    let result = within(bound * 4, "the queued wait's end", wait)
+        .await?
+        .map_err(|err| Failure(format!("the waiter panicked: {err}")))?;
+    expect_kind(result, ErrorKind::TimedOut, "a queued wait whose leave was slow")?;
+    ensure!(
+        started.elapsed() <= bound + SLACK,
+        "gave up after {:?}, bound {bound:?}",
+        started.elapsed()
+    );
+    faulty.heal();
+    released(guard.release().await, "holder lost its lease")?;
+    let next = within(bound * 3 + SLACK * 4, "a free key after the slow leave", async {
+        holder.lock(&key).wait_up_to(bound * 3 + SLACK * 3).await
     })
     .await??;
     released(next.release().await, "next holder")?;

@@ -75,8 +75,9 @@ pub(crate) async fn acquire_in_queue(
     .await;
     match &result {
         Ok(_) => place.leave = None,
-        // Left before the caller hears of the failure, so the queue it sees is clean.
-        Err(_) => place.leave().await,
+        // Left before the caller hears of the failure where the wait leaves time for it, so
+        // the queue it sees is clean; a bounded wait never overruns its bound for it.
+        Err(_) => place.leave(wait.until).await,
     }
     result
 }
@@ -133,6 +134,12 @@ fn waiting(key: &LockKey) -> Error {
     )
 }
 
+/// How long a bounded wait that ran out may still wait for its leave of the queue before
+/// returning: a healthy store answers well within it, so the caller then sees a clean
+/// queue; a slow one does not get to stretch the wait, and the leave goes on in the
+/// background.
+const LEAVE_GRACE: Duration = Duration::from_millis(100);
+
 /// Leaves the queue however the wait ends without a grant, in the background so that a
 /// cancelled waiter still leaves, and again and again until the store answers; once more
 /// a request timeout later when an enqueue may still land (it went unanswered, or was
@@ -149,12 +156,21 @@ impl QueuePlace {
         self.request.may_land_late().then_some(timeout)
     }
 
-    async fn leave(&mut self) {
+    /// Leaves now, within what is left of the wait (`until`), and in the background for
+    /// whatever that does not finish.
+    async fn leave(&mut self, until: Option<Instant>) {
         let Some(leave) = self.leave.take() else {
             return;
         };
+        let budget = match until {
+            Some(until) => until
+                .saturating_duration_since(Instant::now())
+                .max(LEAVE_GRACE)
+                .min(leave.timeout),
+            None => leave.timeout,
+        };
         let left = with_timeout(
-            leave.timeout,
+            budget,
             "leave_queue",
             self.backend.leave_queue(&leave.key, leave.lease_id),
         )
@@ -162,7 +178,7 @@ impl QueuePlace {
         let retry = match left {
             Ok(()) => None,
             Err(err) => {
-                tracing::debug!(error = %err, key = %leave.key, "leaving the queue failed; retrying in the background");
+                tracing::debug!(error = %err, key = %leave.key, "leaving the queue in the background");
                 Some(Duration::ZERO)
             }
         };
