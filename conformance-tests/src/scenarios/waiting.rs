@@ -109,17 +109,47 @@ async fn until_n_waiting(
 /// times out (`TimedOut`): the store answered its enqueue, so it is not unavailable, the
 /// wait is simply over. It leaves no entry behind.
 pub async fn queued_wait_times_out_while_its_attempt_is_slow(ctx: &Ctx) -> Outcome {
-    let key = ctx.key("queued-slow-attempt");
-    let bound = Duration::from_millis(300);
+    queued_wait_times_out_while_slow(ctx, Op::Acquire, SLACK * 4).await
+}
+
+/// A queued wait that times out returns within its bound even when leaving the queue is
+/// slow: the leave finishes in the background, and the key is free for others once it
+/// has landed.
+pub async fn queued_wait_times_out_while_its_leave_is_slow(ctx: &Ctx) -> Outcome {
+    let slow_leave = QUEUED_WAIT * 3;
+    queued_wait_times_out_while_slow(ctx, Op::Queue, slow_leave + SLACK * 4).await
+}
+
+const QUEUED_WAIT: Duration = Duration::from_millis(300);
+
+/// A queued wait of [`QUEUED_WAIT`] whose `slow` calls reach the store three bounds late
+/// (only those after its enqueue was answered, for [`Op::Queue`]) times out within its
+/// bound, and the key is free for the next holder within `free_within` of the release.
+async fn queued_wait_times_out_while_slow(ctx: &Ctx, slow: Op, free_within: Duration) -> Outcome {
+    let key = ctx.key(&format!("queued-slow-{slow:?}"));
+    let bound = QUEUED_WAIT;
     let holder = ctx.client().await?;
     let (waiter, faulty) = ctx.faulty_client().await?;
     let guard = holder.lock(&key).await?;
-    faulty.inject(Op::Acquire, Fault::Delay(bound * 3));
+    if slow != Op::Queue {
+        faulty.inject(slow, Fault::Delay(bound * 3));
+    }
     let started = Instant::now();
+    let wait = tokio::spawn(waiter.lock(&key).wait_up_to(bound).into_future());
+    if slow == Op::Queue {
+        eventually(bound, "the waiter's enqueue answered", || async {
+            Ok(faulty.completed(Op::Queue) >= 1)
+        })
+        .await?;
+        faulty.inject(slow, Fault::Delay(bound * 3));
+    }
+    let result = within(bound * 4, "the queued wait's end", wait)
+        .await?
+        .map_err(|err| Failure(format!("the waiter panicked: {err}")))?;
     expect_kind(
-        waiter.lock(&key).wait_up_to(bound).await,
+        result,
         ErrorKind::TimedOut,
-        "a queued wait whose attempt was slow",
+        &format!("a queued wait with slow {slow:?} calls"),
     )?;
     ensure!(
         started.elapsed() <= bound + SLACK,
@@ -128,45 +158,11 @@ pub async fn queued_wait_times_out_while_its_attempt_is_slow(ctx: &Ctx) -> Outco
     );
     faulty.heal();
     released(guard.release().await, "holder lost its lease")?;
-    let next = within(SLACK * 4, "a free key after the timed-out waiter", async {
-        holder.lock(&key).wait_up_to(bound * 4).await
-    })
-    .await??;
-    released(next.release().await, "next holder")?;
-    Ok(())
-}
-
-/// A queued wait that times out returns within its bound even when leaving the queue is
-/// slow: the leave finishes in the background, and the key is free for others once it
-/// has landed.
-pub async fn queued_wait_times_out_while_its_leave_is_slow(ctx: &Ctx) -> Outcome {
-    let key = ctx.key("queued-slow-leave");
-    let bound = Duration::from_millis(300);
-    let holder = ctx.client().await?;
-    let (waiter, faulty) = ctx.faulty_client().await?;
-    let guard = holder.lock(&key).await?;
-    let started = Instant::now();
-    let wait = tokio::spawn(waiter.lock(&key).wait_up_to(bound).into_future());
-    // Only the leave is slow: the enqueue has been answered before the fault goes in.
-    eventually(bound, "the waiter's enqueue answered", || async {
-        Ok(faulty.completed(Op::Queue) >= 1)
-    })
-    .await?;
-    faulty.inject(Op::Queue, Fault::Delay(bound * 3));
-    let result = within(bound * 4, "the queued wait's end", wait)
-        .await?
-        .map_err(|err| Failure(format!("the waiter panicked: {err}")))?;
-    expect_kind(result, ErrorKind::TimedOut, "a queued wait whose leave was slow")?;
-    ensure!(
-        started.elapsed() <= bound + SLACK,
-        "gave up after {:?}, bound {bound:?}",
-        started.elapsed()
-    );
-    faulty.heal();
-    released(guard.release().await, "holder lost its lease")?;
-    let next = within(bound * 3 + SLACK * 4, "a free key after the slow leave", async {
-        holder.lock(&key).wait_up_to(bound * 3 + SLACK * 3).await
-    })
+    let next = within(
+        free_within,
+        "a free key after the timed-out waiter",
+        async { holder.lock(&key).wait_up_to(free_within).await },
+    )
     .await??;
     released(next.release().await, "next holder")?;
     Ok(())
