@@ -669,7 +669,11 @@ impl LockBackend for EtcdBackend {
                 ),
             ));
         }
-        session.ping().await.map(Ownership::held_if)
+        self.inner
+            .sessions
+            .ping(&session)
+            .await
+            .map(Ownership::held_if)
     }
 
     async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<Ownership> {
@@ -832,7 +836,7 @@ impl LockBackend for EtcdBackend {
         let kept = async {
             // A waiter renewed by hand has nothing else keeping its entry alive.
             if request.renewal() == lock_core::Renewal::Manual {
-                attempt.session.ping().await.map(drop)
+                self.inner.sessions.ping(&attempt.session).await.map(drop)
             } else {
                 Ok(())
             }

@@ -9,10 +9,12 @@
 //! the session) and closes what it no longer needs.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use futures_util::stream::{BoxStream, StreamExt};
+use futures_util::stream::{BoxStream, FuturesUnordered, StreamExt};
 
 use crate::backend::request::AcquireRequest;
 use crate::backend::session::SessionKeeper;
@@ -116,10 +118,11 @@ pub trait SessionStore: Sized + Send + Sync + 'static {
 
     /// Keeps `session`, of `kind`, alive until the store ends it or the pool drops it.
     /// The default sends a [`keep_alive`](Self::keep_alive) every
-    /// [`keep_alive_every`](Self::keep_alive_every) (counted from each send, so a slow
-    /// answer does not push the next keep-alive past the deadline the last one set) and
-    /// follows [`news`](Self::news); a store with a keep-alive protocol of its own (a
-    /// stream) overrides it and reports to the keeper itself.
+    /// [`keep_alive_every`](Self::keep_alive_every), whether or not the last one has been
+    /// answered (up to three under way: a slow answer neither holds back the next
+    /// keep-alive nor pushes it past the deadline the last one set; each answer proves
+    /// the session from its own send), and follows [`news`](Self::news). A store with a
+    /// keep-alive protocol of its own overrides it and reports to the keeper itself.
     async fn serve(self: Arc<Self>, kind: SessionKind, session: Weak<Self::Session>) {
         keep_alive_on_cadence(self, kind, session).await;
     }
@@ -137,6 +140,14 @@ pub trait SessionStore: Sized + Send + Sync + 'static {
     }
 }
 
+/// At most this many keep-alives of one session are under way at once: a slow answer does
+/// not hold back the next keep-alive (whose answer proves the session from its own send),
+/// and a store that does not answer is not flooded.
+const KEEP_ALIVES_UNDER_WAY: usize = 3;
+
+/// One keep-alive and its send time.
+type KeepAliveUnderWay = Pin<Box<dyn Future<Output = (Instant, SessionNews)> + Send>>;
+
 /// [`SessionStore::serve`]'s default.
 async fn keep_alive_on_cadence<S: SessionStore>(
     store: Arc<S>,
@@ -153,9 +164,10 @@ async fn keep_alive_on_cadence<S: SessionStore>(
         return;
     };
     let mut news_open = true;
+    let mut under_way: FuturesUnordered<KeepAliveUnderWay> = FuturesUnordered::new();
     let mut next = tokio::time::Instant::now() + every;
     loop {
-        let heard = tokio::select! {
+        let (sent_at, heard) = tokio::select! {
             heard = news.next(), if news_open => match heard {
                 Some(heard) => (None, heard),
                 None => {
@@ -163,25 +175,18 @@ async fn keep_alive_on_cadence<S: SessionStore>(
                     continue;
                 }
             },
-            () = tokio::time::sleep_until(next) => {
+            Some((sent_at, heard)) = under_way.next() => (Some(sent_at), heard),
+            () = tokio::time::sleep_until(next), if under_way.len() < KEEP_ALIVES_UNDER_WAY => {
                 let Some(current) = session.upgrade() else { return };
                 next = tokio::time::Instant::now() + every;
-                let sent_at = Instant::now();
-                let span = tracing::debug_span!(
-                    "distlock.keep_alive",
-                    session = current.keeper().session().id(),
-                    kind = ?kind,
-                    outcome = tracing::field::Empty
-                );
-                let heard = tracing::Instrument::instrument(store.keep_alive(&current), span.clone()).await;
-                span.record("outcome", tracing::field::debug(heard));
-                (Some(sent_at), heard)
+                under_way.push(Box::pin(keep_alive_once(Arc::clone(&store), current, kind)));
+                continue;
             }
         };
         let Some(current) = session.upgrade() else {
             return;
         };
-        match heard {
+        match (sent_at, heard) {
             (Some(sent_at), SessionNews::Alive) => current.keeper().kept_alive(sent_at),
             // Connected again: only a keep-alive proves anything.
             (None, SessionNews::Alive) => {}
@@ -192,6 +197,24 @@ async fn keep_alive_on_cadence<S: SessionStore>(
             }
         }
     }
+}
+
+/// Sends one keep-alive for `session`, in its span, and says when it was sent.
+async fn keep_alive_once<S: SessionStore>(
+    store: Arc<S>,
+    session: Arc<S::Session>,
+    kind: SessionKind,
+) -> (Instant, SessionNews) {
+    let sent_at = Instant::now();
+    let span = tracing::debug_span!(
+        "distlock.keep_alive",
+        session = session.keeper().session().id(),
+        kind = ?kind,
+        outcome = tracing::field::Empty
+    );
+    let heard = tracing::Instrument::instrument(store.keep_alive(&session), span.clone()).await;
+    span.record("outcome", tracing::field::debug(heard));
+    (sent_at, heard)
 }
 
 /// The session of one kind: `None` until opened, and while being replaced.
@@ -372,6 +395,8 @@ mod tests {
         closes: AtomicU32,
         ended: AtomicBool,
         reply_delay: Duration,
+        /// The first keep-alive is never answered.
+        first_hangs: bool,
         sends: Mutex<Vec<Instant>>,
     }
 
@@ -396,7 +421,14 @@ mod tests {
         }
 
         async fn keep_alive(&self, _session: &FakeSession) -> SessionNews {
-            lock(&self.sends).push(Instant::now());
+            let first = {
+                let mut sends = lock(&self.sends);
+                sends.push(Instant::now());
+                sends.len() == 1
+            };
+            if first && self.first_hangs {
+                std::future::pending::<()>().await;
+            }
             tokio::time::sleep(self.reply_delay).await;
             if self.ended.load(Ordering::SeqCst) {
                 SessionNews::Ended
@@ -517,5 +549,26 @@ mod tests {
         })
         .await
         .expect("an ended session leaves the pool");
+    }
+
+    /// A keep-alive that is never answered does not hold back the next one: the session
+    /// is proven alive again by a later send (without hedging the cadence waits on the
+    /// first for ever and the session runs out).
+    #[tokio::test]
+    async fn an_unanswered_keep_alive_does_not_hold_back_the_next() {
+        let pool = SessionPool::new(Fake {
+            first_hangs: true,
+            ..Fake::default()
+        });
+        let ttl = Duration::from_millis(300);
+        let session = pool
+            .session(SessionKind::Shared(ttl), ttl)
+            .await
+            .expect("opened");
+        let mut watched = session.keeper().session();
+        until(&mut watched, |_| lock(&pool.store().sends).len() >= 2).await;
+        let first_sent = lock(&pool.store().sends)[0];
+        until(&mut watched, |status| status.proven_at > first_sent).await;
+        assert!(!watched.status().expired);
     }
 }

@@ -8,8 +8,9 @@
 //!   step and a batched store sees O(1) round trips per interval.
 //! - Session backends: the engine follows each session's status. An answered keep-alive
 //!   moves the deadline of every lease of the session to its send time plus the session
-//!   TTL minus the drift allowance; a disconnected session moves nothing; an expired one
-//!   makes all its leases lost at once.
+//!   TTL minus the drift allowance (a proof the session's status carries moves it even
+//!   while later keep-alives go unanswered); a disconnected session suspends its leases
+//!   and moves nothing more; an expired one makes all its leases lost at once.
 //!
 //! Either way a lease whose deadline passes is lost. Ten thousand held guards cost this one
 //! task, plus one per session and one per renewal call in flight.
@@ -339,10 +340,15 @@ impl Engine {
                     LossReason::SessionEnded,
                     "the store ended the lease's session",
                 );
-            } else if status.disconnected {
-                held.suspended();
-            } else if let Some(lease) = held.lease().proven_by(&status) {
-                held.renewed(lease);
+            } else {
+                // A keep-alive answered is a proof from its send whatever came after it
+                // (another one still unanswered, say), so it moves the deadline.
+                if let Some(lease) = held.lease().proven_by(&status) {
+                    held.renewed(lease);
+                }
+                if status.disconnected {
+                    held.suspended();
+                }
             }
             self.reschedule(id);
         }
@@ -842,6 +848,27 @@ mod tests {
                 crate::ErrorKind::Lost
             );
         }
+    }
+
+    /// A keep-alive answered while a later one already goes unanswered still moves the
+    /// deadline: the engine may see both at once, and the proof stands (before, such a
+    /// status moved nothing, and leases ran out under a slow but answering store).
+    #[tokio::test]
+    async fn a_proof_moves_the_deadline_of_a_disconnected_session() {
+        let backend = Arc::new(Steered::new(Liveness::Session));
+        let client = LockClient::new(backend.clone());
+        let guard = client
+            .lock("proof-while-disconnected")
+            .ttl(Duration::from_secs(60))
+            .await
+            .unwrap();
+        let session = backend.session.as_ref().unwrap();
+        let sent = Instant::now();
+        // No await in between: on this one-thread runtime the engine sees only both.
+        session.kept_alive(sent);
+        session.disconnected();
+        wait_until(|| guard.lease().sent_at() == sent).await;
+        assert_eq!(guard.health(), crate::LeaseHealth::Suspended);
     }
 
     /// A released lease does not keep its client (and the client's connections) alive
