@@ -29,6 +29,12 @@
 //! thread only waits, so the methods work from any thread, including one inside an async
 //! runtime (where they block that runtime's worker while they wait: async code should use
 //! the async API instead).
+//!
+//! The patterns of the async client are here too, with the same names: [`LockClient::once`],
+//! [`LockClient::idempotent`] and [`LockClient::with_lock`] (or [`LockRequest::scoped`]).
+//! Their work is a plain closure run on the calling thread (it need not be `Send`) while
+//! the runtime keeps the lock; as a thread cannot be stopped from outside, a lock lost
+//! while the work runs is reported when it returns, as [`ErrorKind::Lost`].
 
 #![cfg(feature = "blocking")]
 #![cfg_attr(docsrs, doc(cfg(feature = "blocking")))]
