@@ -70,7 +70,25 @@ pub trait BackendFactory: Send + Sync + 'static {
     fn servers(&self) -> Option<&ServerFactory> {
         None
     }
+
+    /// A way to end a holder's session from the store's side while its link is healthy
+    /// (etcd revoking its lease), for the scenario of `LossReason::SessionEnded`; `None`
+    /// when the store has no sessions or the factory cannot end one from outside.
+    fn session_ender(&self) -> Option<Arc<dyn SessionEnder>> {
+        None
+    }
 }
+
+/// Ends store sessions from the store's side: see [`BackendFactory::session_ender`].
+#[async_trait]
+pub trait SessionEnder: Send + Sync {
+    /// Ends the session that keeps the current holder of `key` (a user key) alive, as the
+    /// store ends a session it has given up on; the holder's link stays healthy.
+    async fn end_session_holding(&self, key: &str) -> lock_core::Result<()>;
+}
+
+/// How a server store ends the session holding a key (URL of its servers, user key).
+pub type EndSession = fn(String, String) -> BoxFuture<lock_core::Result<()>>;
 
 /// What the suite must know of a store that runs as servers.
 #[derive(Clone, Copy)]
@@ -102,6 +120,9 @@ pub struct ServerStore {
     pub renewal_requests: Option<fn(SocketAddr) -> BoxFuture<CountResult>>,
     /// [`BackendFactory::shortest_ttl`] for this store.
     pub shortest_ttl: Duration,
+    /// Ends the session holding a key from the store's side, when the store has sessions
+    /// and a way to end one from outside ([`BackendFactory::session_ender`]).
+    pub end_session: Option<EndSession>,
 }
 
 /// Clients of servers started for the run, kept alive as long as the factory.
@@ -215,6 +236,27 @@ impl BackendFactory for ServerFactory {
     fn servers(&self) -> Option<&ServerFactory> {
         Some(self)
     }
+
+    fn session_ender(&self) -> Option<Arc<dyn SessionEnder>> {
+        let end = self.store.end_session?;
+        Some(Arc::new(ServerSessionEnder {
+            end,
+            url: (self.store.url)(&self.addrs, ""),
+        }))
+    }
+}
+
+/// A server store's [`EndSession`], over the factory's servers.
+struct ServerSessionEnder {
+    end: EndSession,
+    url: String,
+}
+
+#[async_trait]
+impl SessionEnder for ServerSessionEnder {
+    async fn end_session_holding(&self, key: &str) -> lock_core::Result<()> {
+        (self.end)(self.url.clone(), key.to_string()).await
+    }
 }
 
 /// Servers started for one scenario, stopped when dropped.
@@ -320,6 +362,7 @@ mod tests {
         wrong_password: None,
         renewal_requests: None,
         shortest_ttl: DEFAULT_SHORTEST_TTL,
+        end_session: None,
     };
 
     /// A link proxy that cannot start (here: the proxy refuses a target off loopback)

@@ -6,8 +6,9 @@ use std::time::Duration;
 use lock_core::backend::async_trait;
 use lock_core::backend::DynBackend;
 use lock_core::memory::MemoryLink;
-use lock_core::MemoryBackend;
+use lock_core::{LockKey, MemoryBackend};
 
+use crate::factory::SessionEnder;
 use crate::harness::{BackendFactory, LinkControl};
 
 impl LinkControl for MemoryLink {
@@ -80,6 +81,13 @@ impl BackendFactory for MemoryFactory {
         Some(Ok((Arc::new(client), Arc::new(link))))
     }
 
+    fn session_ender(&self) -> Option<Arc<dyn SessionEnder>> {
+        self.store
+            .link()
+            .is_some()
+            .then(|| Arc::new(self.store.clone()) as Arc<dyn SessionEnder>)
+    }
+
     async fn residue(&self, prefix: &str) -> lock_core::Result<Vec<String>> {
         Ok(self
             .store
@@ -88,5 +96,19 @@ impl BackendFactory for MemoryFactory {
             .filter(|key| key.as_str().starts_with(prefix))
             .map(|key| key.to_string())
             .collect())
+    }
+}
+
+#[async_trait]
+impl SessionEnder for MemoryBackend {
+    async fn end_session_holding(&self, key: &str) -> lock_core::Result<()> {
+        if MemoryBackend::end_session_holding(self, &LockKey::new(key)?) {
+            Ok(())
+        } else {
+            Err(lock_core::Error::new(
+                lock_core::ErrorKind::InvalidInput,
+                format!("no live session holds {key:?}"),
+            ))
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! Loss a holder can act on: why a lock was lost, a warning before it is, a cap on how
-//! long renewal keeps it, and a client shutdown that gives every lock back at once.
+//! long renewal keeps it, a session the store ends, and a client shutdown that gives
+//! every lock back at once.
 
 use std::time::Instant;
 
@@ -186,5 +187,64 @@ pub async fn cut_session_link_warns_before_the_loss(ctx: &Ctx) -> Outcome {
     );
     // Lost or kept meanwhile: either is right once the warning came first.
     drop(guard.release().await);
+    Ok(())
+}
+
+/// A session the store ends while the holder's link is healthy (etcd revoking its lease)
+/// loses its lease with [`LossReason::SessionEnded`], at its next keep-alive, well before
+/// the local deadline (so not by a time-out in disguise). The store frees the key at
+/// once, before the holder can hear of it: no client can learn earlier than its next
+/// keep-alive, so what the holder does meanwhile is fenced out by the rival's greater
+/// token, as after an operator's `break_lock`.
+pub async fn session_ended_by_the_store_is_lost_as_session_ended(ctx: &Ctx) -> Outcome {
+    let key = ctx.key("session-ended");
+    // Keep-alives every third of it: one comes long before the deadline.
+    let ttl = ctx.short_ttl() * 5;
+    let ender = ctx
+        .factory()
+        .session_ender()
+        .ok_or_else(|| crate::Failure("the factory cannot end a session".into()))?;
+    let (holder, rival) = (ctx.client().await?, ctx.client().await?);
+    let guard = holder.lock(&key).ttl(ttl).await?;
+    ender.end_session_holding(&key).await?;
+    let ended = Instant::now();
+    let deadline = guard.lease().valid_until();
+    let reason = within(
+        ttl,
+        "lost() after the store ended the session",
+        guard.lost(),
+    )
+    .await?;
+    ensure!(
+        reason == LossReason::SessionEnded,
+        "lost for {reason:?}, not SessionEnded"
+    );
+    ensure!(
+        Instant::now() < deadline,
+        "lost only at the local deadline, {:?} after the session ended",
+        ended.elapsed()
+    );
+    ensure!(
+        guard.loss_reason() == Some(LossReason::SessionEnded),
+        "loss_reason() is {:?} after lost()",
+        guard.loss_reason()
+    );
+    let taken = rival.lock(&key).wait_up_to(SLACK).await.map_err(|err| {
+        crate::Failure(format!(
+            "the key is still held after its session ended: {err}"
+        ))
+    })?;
+    ensure!(
+        taken.token() > guard.token(),
+        "the next holder's token {} is not above {}",
+        taken.token(),
+        guard.token()
+    );
+    released(taken.release().await, "the rival's lease")?;
+    expect_kind(
+        guard.release().await,
+        ErrorKind::Lost,
+        "releasing a lease whose session ended",
+    )?;
     Ok(())
 }

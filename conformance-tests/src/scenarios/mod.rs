@@ -36,6 +36,8 @@ pub struct Offers {
     pub wrong_password: bool,
     /// The factory's servers count the requests that can renew leases.
     pub renewal_requests: bool,
+    /// The factory can end a holder's session from the store's side.
+    pub session_end: bool,
 }
 
 impl Offers {
@@ -60,6 +62,7 @@ impl Offers {
             renewal_requests: factory
                 .servers()
                 .is_some_and(|servers| servers.store().renewal_requests.is_some()),
+            session_end: factory.session_ender().is_some(),
         })
     }
 }
@@ -83,6 +86,9 @@ pub enum Needs {
     SessionBound,
     /// [`Liveness::Session`], and a factory that can cut or slow a client's link.
     SessionLink,
+    /// [`Liveness::Session`], and a factory that can end a holder's session from the
+    /// store's side ([`BackendFactory::session_ender`]).
+    SessionEnd,
     /// [`Capabilities::reentrancy`].
     Reentrancy,
     /// A factory that can build a client of an unreachable store.
@@ -118,8 +124,13 @@ impl Needs {
             Needs::LeaseTtl if caps.liveness == Liveness::Session => Err(
                 "leases live by their session, not their own TTL (the session scenarios cover it)",
             ),
-            Needs::SessionBound | Needs::SessionLink if caps.liveness != Liveness::Session => {
+            Needs::SessionBound | Needs::SessionLink | Needs::SessionEnd
+                if caps.liveness != Liveness::Session =>
+            {
                 Err("leases are not bound to sessions")
+            }
+            Needs::SessionEnd if !offers.session_end => {
+                Err("the factory cannot end a session from the store's side")
             }
             Needs::SessionLink if !offers.link => Err("the factory cannot cut a client's link"),
             Needs::Reentrancy if !caps.reentrancy => Err("reentrant owners are unsupported"),
@@ -259,4 +270,5 @@ scenarios! {
     loss::max_hold_ends_the_hold_and_frees_the_key => Nothing,
     loss::shutdown_frees_every_key_at_once => Nothing,
     loss::cut_session_link_warns_before_the_loss => SessionLink,
+    loss::session_ended_by_the_store_is_lost_as_session_ended => SessionEnd,
 }

@@ -261,6 +261,11 @@ impl LockClient {
     /// `Err` is the first release that did not reach the store (the lease then ends by
     /// its TTL); a lease found lost already is no failure.
     ///
+    /// An unfinished [`OnceTicket`](crate::OnceTicket) is the exception: its hold stays in
+    /// the store until the ticket is finished or `at_most` ends it, as for a dropped
+    /// ticket, because its job may still be running and a released key would let another
+    /// replica run it again within the window ("at most once" would no longer hold).
+    ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> lock_core::Result<()> {

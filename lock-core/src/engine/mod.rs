@@ -25,8 +25,9 @@ pub(crate) struct ClientCore {
     pub(crate) backend: DynBackend,
     pub(crate) renewals: renewal::Renewals,
     pub(crate) local: local::LocalLines,
-    /// The client's held leases, weakly: a guard dropped or released takes its entry out.
-    holding: Mutex<HashMap<u64, Weak<held::HeldLock>>>,
+    /// The client's held leases, weakly, and what its shutdown does with each: a guard
+    /// dropped or released takes its entry out.
+    holding: Mutex<HashMap<u64, (Weak<held::HeldLock>, AtShutdown)>>,
     /// `shutdown` was called: no more acquisitions.
     shut_down: AtomicBool,
 }
@@ -45,8 +46,21 @@ impl ClientCore {
     /// Notes a new hold. `Err` when the client was shut down meanwhile: the caller gives
     /// the lease back at once.
     pub(crate) fn hold(&self, held: &Arc<held::HeldLock>) -> Result<()> {
-        lock_unpoisoned(&self.holding).insert(held.id, Arc::downgrade(held));
+        lock_unpoisoned(&self.holding).insert(held.id, (Arc::downgrade(held), AtShutdown::Release));
         // After the insert: a shutdown either sees this hold or is seen here.
+        self.refuse_if_shut_down()
+    }
+
+    /// The client's shutdown will leave `held` in the store to expire by its TTL instead
+    /// of giving it back. `Err` when the shutdown began first: it may be giving the hold
+    /// back already, and the caller ends it too.
+    pub(crate) fn leave_to_expire_at_shutdown(&self, held: &held::HeldLock) -> Result<()> {
+        let mut holding = lock_unpoisoned(&self.holding);
+        if let Some((_, at_shutdown)) = holding.get_mut(&held.id) {
+            *at_shutdown = AtShutdown::LeaveToExpire;
+        }
+        // Under the lock the shutdown takes its list with: either it sees the new mark, or
+        // its flag is seen here.
         self.refuse_if_shut_down()
     }
 
@@ -66,13 +80,15 @@ impl ClientCore {
         Ok(())
     }
 
-    /// Refuses new acquisitions and gives back every lease the client holds, all at once.
-    /// The first failure to reach the store, if any; leases found lost are no failure.
+    /// Refuses new acquisitions and gives back every lease the client holds, all at once,
+    /// except those marked to be left to expire (running once tickets). The first failure
+    /// to reach the store, if any; leases found lost are no failure.
     pub(crate) async fn shutdown(&self) -> Result<()> {
         self.shut_down.store(true, Ordering::SeqCst);
         let holding: Vec<Arc<held::HeldLock>> = lock_unpoisoned(&self.holding)
             .values()
-            .filter_map(Weak::upgrade)
+            .filter(|(_, at_shutdown)| *at_shutdown == AtShutdown::Release)
+            .filter_map(|(held, _)| held.upgrade())
             .collect();
         let releases = holding.iter().map(|held| held.finish());
         let mut failure = None;
@@ -86,6 +102,17 @@ impl ClientCore {
         }
         failure.map_or(Ok(()), Err)
     }
+}
+
+/// What a client's shutdown does with a hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum AtShutdown {
+    /// Gives it back: the holder's work ends with the program.
+    Release,
+    /// Leaves it to expire by its TTL: work whose outcome nobody else may guess at (a
+    /// once ticket's job) may still be running, and a release would let a rival start
+    /// it again.
+    LeaveToExpire,
 }
 
 /// The outcome's name for tracing spans.

@@ -142,6 +142,41 @@ impl MemoryBackend {
         self.sessions.as_ref().map(|sessions| sessions.link())
     }
 
+    /// In session mode, ends the session that keeps `key`'s holder, from the store's side
+    /// and with the holder's link healthy, as a server ends a session it has given up on
+    /// (etcd revoking its lease, ZooKeeper expiring it): every lock of that session is
+    /// free at once, and its client learns of the end at its next keep-alive. `false` when
+    /// no live session holds `key`.
+    pub fn end_session_holding(&self, key: &LockKey) -> bool {
+        let freed: Vec<LockKey> = {
+            let mut state = lock(&self.store.state);
+            let now = Instant::now();
+            let session = match state.locks.get(key) {
+                Some(entry) if state.is_live(entry, now) => entry.session,
+                _ => None,
+            };
+            let Some(session) = session else {
+                return false;
+            };
+            state.sessions.remove(&session);
+            let freed: Vec<LockKey> = state
+                .locks
+                .iter()
+                .filter(|(_, entry)| entry.session == Some(session))
+                .map(|(key, _)| key.clone())
+                .collect();
+            for key in &freed {
+                state.locks.remove(key);
+                state.wake_head(key);
+            }
+            freed
+        };
+        for key in &freed {
+            self.store.releases.released(key.as_str());
+        }
+        true
+    }
+
     /// Keys the store keeps anything for (held or expired leases, queued waiters): for
     /// tests that check nothing is left behind.
     pub fn stored_keys(&self) -> Vec<LockKey> {

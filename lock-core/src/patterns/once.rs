@@ -119,12 +119,20 @@ impl OnceRequest {
             ..self.defaults
         };
         match acquire_held(&self.core, key, options).await {
-            Ok(held) => Ok(Some(OnceTicket {
-                held,
-                started: Instant::now(),
-                at_least: self.at_least,
-                at_most,
-            })),
+            Ok(held) => {
+                if let Err(refused) = self.core.leave_to_expire_at_shutdown(&held) {
+                    // The client is shutting down and may be giving the hold back already:
+                    // the job has not started, so nothing is lost by ending it here too.
+                    let _ = held.finish().await;
+                    return Err(refused);
+                }
+                Ok(Some(OnceTicket {
+                    held,
+                    started: Instant::now(),
+                    at_least: self.at_least,
+                    at_most,
+                }))
+            }
             Err(err) if err.kind() == ErrorKind::HeldByAnother => Ok(None),
             Err(err) => Err(err),
         }
@@ -145,6 +153,12 @@ impl IntoFuture for OnceRequest {
 /// [`finish`](Self::finish) it when the job is done. Dropping it without finishing leaves
 /// the hold to expire at `at_most` after the start: the safe default for a job that
 /// crashed, as nobody runs it again before then.
+///
+/// [`LockClient::shutdown`](crate::LockClient::shutdown) leaves an unfinished ticket's
+/// hold in the store the same way, rather than giving it back: the job may still be
+/// running, and a released key would let another replica start it again within the
+/// window. The ticket stays usable: finishing it after the shutdown frees the key as
+/// usual (at `start + at_least`).
 #[derive(Debug)]
 #[must_use = "finish the ticket when the job is done"]
 pub struct OnceTicket {
@@ -235,5 +249,41 @@ mod tests {
             padded(&caps, Duration::from_secs(10)),
             Duration::from_secs(10)
         );
+    }
+}
+
+#[cfg(test)]
+mod shutdown_tests {
+    use std::time::Duration;
+
+    use crate::{LockClient, MemoryBackend};
+
+    /// A shutdown while the job runs must not hand the window to another replica: the
+    /// job may still be running. Finishing the ticket afterwards frees the key as usual.
+    #[tokio::test]
+    async fn shutdown_leaves_a_running_ticket_in_the_store() {
+        let store = MemoryBackend::new();
+        let (replica_a, replica_b) = (LockClient::new(store.clone()), LockClient::new(store));
+        let ticket = replica_a
+            .once("nightly")
+            .at_most(Duration::from_secs(600))
+            .await
+            .unwrap()
+            .expect("first in the window");
+        replica_a.shutdown().await.unwrap();
+        assert!(
+            replica_b.once("nightly").await.unwrap().is_none(),
+            "another replica got the window while the first job may still run"
+        );
+        assert!(ticket.is_held());
+        ticket.finish().await.unwrap();
+        replica_b
+            .once("nightly")
+            .await
+            .unwrap()
+            .expect("free once the job finished")
+            .finish()
+            .await
+            .unwrap();
     }
 }

@@ -5,7 +5,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
-use conformance_tests::factory::DEFAULT_SHORTEST_TTL;
+use conformance_tests::factory::{BoxFuture, DEFAULT_SHORTEST_TTL};
 use conformance_tests::proxy::TcpFaultProxy;
 use conformance_tests::store_process::{EtcdMember, StoreProcess, StoreSpec};
 use conformance_tests::ServerStore;
@@ -171,4 +171,43 @@ pub const CLUSTER: ServerStore = ServerStore {
     wrong_password: None,
     renewal_requests: None,
     shortest_ttl: DEFAULT_SHORTEST_TTL,
+    end_session: Some(revoke_holders_lease),
 };
+
+/// Ends the session holding `key` as etcd ends one it has given up on: a second client
+/// revokes the etcd lease of the key's owner entry (the lowest create revision in the key's
+/// directory, `<prefix>/<hex of the key>/` in the distlock layout).
+fn revoke_holders_lease(url: String, key: String) -> BoxFuture<lock_core::Result<()>> {
+    Box::pin(async move {
+        let config = EtcdConfig::from_url(&url)?;
+        let hex: String = key.bytes().map(|byte| format!("{byte:02x}")).collect();
+        let dir = format!("{}/{hex}/", config.prefix.trim_end_matches('/'));
+        let failed = |what: &'static str| {
+            move |err: etcd_client::Error| {
+                lock_core::Error::new(lock_core::ErrorKind::Unavailable, format!("{what}: {err}"))
+            }
+        };
+        let mut client = etcd_client::Client::connect(config.endpoints(), None)
+            .await
+            .map_err(failed("connecting to revoke a lease"))?;
+        let entries = client
+            .get(dir, Some(etcd_client::GetOptions::new().with_prefix()))
+            .await
+            .map_err(failed("reading the key's entries"))?;
+        let owner = entries
+            .kvs()
+            .iter()
+            .min_by_key(|kv| kv.create_revision())
+            .ok_or_else(|| {
+                lock_core::Error::new(
+                    lock_core::ErrorKind::InvalidInput,
+                    format!("nobody holds {key:?}"),
+                )
+            })?;
+        client
+            .lease_revoke(owner.lease())
+            .await
+            .map_err(failed("revoking the holder's lease"))?;
+        Ok(())
+    })
+}

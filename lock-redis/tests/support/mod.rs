@@ -194,6 +194,7 @@ pub const REDIS: ServerStore = ServerStore {
     wrong_password: Some(|addrs, password| format!("redis://{USER}:{password}@{}/0", addrs[0])),
     renewal_requests: Some(evalsha_calls),
     shortest_ttl: DEFAULT_SHORTEST_TTL,
+    end_session: None,
 };
 
 /// Five private servers under Redlock.
@@ -214,4 +215,5 @@ pub const REDLOCK: ServerStore = ServerStore {
     }),
     renewal_requests: Some(evalsha_calls),
     shortest_ttl: DEFAULT_SHORTEST_TTL,
+    end_session: None,
 };

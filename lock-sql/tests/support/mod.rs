@@ -154,6 +154,7 @@ const SERVER: ServerStore = ServerStore {
     // of a 400 ms lease had left on a loaded machine (PostgreSQL's renewal scenarios
     // failed now and then in CI). SQLite's factory is not a server's: it keeps 400 ms.
     shortest_ttl: Duration::from_secs(1),
+    end_session: None,
 };
 
 async fn start(spec: fn() -> StoreSpec) -> Result<Vec<StoreProcess>, String> {

@@ -104,6 +104,10 @@ pub const ENSEMBLE: ServerStore = ServerStore {
     wrong_password: None,
     renewal_requests: None,
     shortest_ttl: DEFAULT_SHORTEST_TTL,
+    // ZooKeeper ends a session only when its client closes it or its timeout passes
+    // unpinged; ending it from outside takes its id and password, which lock-zk does not
+    // expose, so the session-end scenario does not apply.
+    end_session: None,
 };
 
 /// A three-server ensemble whose quorum links (each follower's connection to the leader)
