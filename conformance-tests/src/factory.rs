@@ -70,6 +70,13 @@ pub trait BackendFactory: Send + Sync + 'static {
     fn servers(&self) -> Option<&ServerFactory> {
         None
     }
+
+    /// A URL by which another process reaches the same store (a lock it takes there
+    /// excludes this factory's clients), for the scenarios that kill a holder process;
+    /// `None` for a store that lives inside this process.
+    fn process_url(&self) -> Option<String> {
+        None
+    }
 }
 
 /// What the suite must know of a store that runs as servers.
@@ -97,6 +104,12 @@ pub struct ServerStore {
     /// A URL naming a user the servers know with this wrong password, when the servers
     /// authenticate clients.
     pub wrong_password: Option<fn(&[SocketAddr], &str) -> String>,
+    /// For a store whose authentication is a switch of the whole server, off at the
+    /// factory's servers: switches it on at fresh private servers (at these addresses), so
+    /// that they know the user [`wrong_password`](Self::wrong_password) names and refuse
+    /// clients without credentials, and gives a URL with that user's right password.
+    /// `None` when the factory's own servers authenticate already.
+    pub enable_auth: Option<fn(Vec<SocketAddr>) -> BoxFuture<Result<String, String>>>,
     /// How many requests that can renew leases the server at an address has received so
     /// far, when the store can tell (to show that renewals are batched).
     pub renewal_requests: Option<fn(SocketAddr) -> BoxFuture<CountResult>>,
@@ -215,6 +228,10 @@ impl BackendFactory for ServerFactory {
     fn servers(&self) -> Option<&ServerFactory> {
         Some(self)
     }
+
+    fn process_url(&self) -> Option<String> {
+        Some((self.store.url)(&self.addrs, ""))
+    }
 }
 
 /// Servers started for one scenario, stopped when dropped.
@@ -318,6 +335,7 @@ mod tests {
         link_options: "",
         unreachable_options: "",
         wrong_password: None,
+        enable_auth: None,
         renewal_requests: None,
         shortest_ttl: DEFAULT_SHORTEST_TTL,
     };

@@ -24,6 +24,7 @@ pub mod factory;
 mod failure;
 pub mod faults;
 pub mod harness;
+mod holder_process;
 mod memory;
 pub mod network;
 pub mod proxy;
@@ -38,4 +39,4 @@ pub use harness::{
     LinkControl, Outcome, SLACK,
 };
 pub use memory::MemoryFactory;
-pub use runner::run_suite;
+pub use runner::{run_suite, run_suite_with};
