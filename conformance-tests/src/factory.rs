@@ -25,6 +25,10 @@ pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 /// A count of requests, or why it could not be read.
 pub type CountResult = Result<u64, String>;
 
+/// [`ServerStore::enable_auth`]: given the servers' addresses, a URL with the right
+/// password, or why authentication could not be switched on.
+pub type EnableAuth = fn(Vec<SocketAddr>) -> BoxFuture<Result<String, String>>;
+
 /// [`BackendFactory::shortest_ttl`] unless a store needs more.
 pub const DEFAULT_SHORTEST_TTL: Duration = Duration::from_millis(400);
 
@@ -109,7 +113,7 @@ pub struct ServerStore {
     /// that they know the user [`wrong_password`](Self::wrong_password) names and refuse
     /// clients without credentials, and gives a URL with that user's right password.
     /// `None` when the factory's own servers authenticate already.
-    pub enable_auth: Option<fn(Vec<SocketAddr>) -> BoxFuture<Result<String, String>>>,
+    pub enable_auth: Option<EnableAuth>,
     /// How many requests that can renew leases the server at an address has received so
     /// far, when the store can tell (to show that renewals are batched).
     pub renewal_requests: Option<fn(SocketAddr) -> BoxFuture<CountResult>>,

@@ -14,7 +14,7 @@ use conformance_tests::SLACK;
 use lock_core::backend::default_drift_allowance;
 use lock_core::backend::{with_timeout, AcquireRequest, LockBackendExt, QueuedAttempt};
 use lock_core::{AcquireOptions, Backoff, ErrorKind, LockClient, LockKey, Renewal, Wait};
-use zookeeper_client::{Acls, Client, CreateMode};
+use zookeeper_client::Client;
 
 use support::{connect, start_zookeeper, zk_url};
 

@@ -399,7 +399,8 @@ pub async fn silent_store_is_unavailable_within_the_connect_timeout(ctx: &Ctx) -
 /// A wrong password is "permission denied", not retryable, and shows nowhere in the error.
 /// Where authentication is a switch of the whole server, the scenario switches it on at
 /// private servers, and checks there too that a client without credentials is refused
-/// and that the user's right password works (so the refusal is the password's).
+/// and that the user's right password works (so the refusal is the password's) without
+/// showing in the backend's `Debug` output.
 pub async fn wrong_password_is_permission_denied(ctx: &Ctx) -> Outcome {
     const WRONG: &str = "Wr0ng-S3cret";
     let servers = ctx.servers()?;
@@ -415,7 +416,14 @@ pub async fn wrong_password_is_permission_denied(ctx: &Ctx) -> Outcome {
             let right = enable_auth(private.addrs().to_vec())
                 .await
                 .map_err(|err| Failure(format!("switching authentication on: {err}")))?;
-            let client = LockClient::new((store.connect)(right).await?);
+            let backend = (store.connect)(right.clone()).await?;
+            if let Some(password) = url_password(&right) {
+                ensure!(
+                    !format!("{backend:?}").contains(password),
+                    "the right password shows in the backend's Debug output"
+                );
+            }
+            let client = LockClient::new(backend);
             let guard = client.lock(ctx.key("right-password")).no_wait().await?;
             released(guard.release().await, "a lock with the right password")?;
             let anonymous =
@@ -442,6 +450,13 @@ pub async fn wrong_password_is_permission_denied(ctx: &Ctx) -> Outcome {
         everything_shown(&err)
     );
     Ok(())
+}
+
+/// The password in a URL's `user:password@`, if it has one.
+fn url_password(url: &str) -> Option<&str> {
+    let (_, rest) = url.split_once("://")?;
+    let (user, _) = rest.split_once('@')?;
+    user.split_once(':').map(|(_, password)| password)
 }
 
 /// The error of a connection, or of a lock through it when the store refuses only at the
