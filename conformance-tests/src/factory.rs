@@ -25,6 +25,10 @@ pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 /// A count of requests, or why it could not be read.
 pub type CountResult = Result<u64, String>;
 
+/// [`ServerStore::enable_auth`]: given the servers' addresses, a URL with the right
+/// password, or why authentication could not be switched on.
+pub type EnableAuth = fn(Vec<SocketAddr>) -> BoxFuture<Result<String, String>>;
+
 /// [`BackendFactory::shortest_ttl`] unless a store needs more.
 pub const DEFAULT_SHORTEST_TTL: Duration = Duration::from_millis(400);
 
@@ -77,6 +81,13 @@ pub trait BackendFactory: Send + Sync + 'static {
     fn session_ender(&self) -> Option<Arc<dyn SessionEnder>> {
         None
     }
+
+    /// A URL by which another process reaches the same store (a lock it takes there
+    /// excludes this factory's clients), for the scenarios that kill a holder process;
+    /// `None` for a store that lives inside this process.
+    fn process_url(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Ends store sessions from the store's side: see [`BackendFactory::session_ender`].
@@ -115,6 +126,12 @@ pub struct ServerStore {
     /// A URL naming a user the servers know with this wrong password, when the servers
     /// authenticate clients.
     pub wrong_password: Option<fn(&[SocketAddr], &str) -> String>,
+    /// For a store whose authentication is a switch of the whole server, off at the
+    /// factory's servers: switches it on at fresh private servers (at these addresses), so
+    /// that they know the user [`wrong_password`](Self::wrong_password) names and refuse
+    /// clients without credentials, and gives a URL with that user's right password.
+    /// `None` when the factory's own servers authenticate already.
+    pub enable_auth: Option<EnableAuth>,
     /// How many requests that can renew leases the server at an address has received so
     /// far, when the store can tell (to show that renewals are batched).
     pub renewal_requests: Option<fn(SocketAddr) -> BoxFuture<CountResult>>,
@@ -235,6 +252,10 @@ impl BackendFactory for ServerFactory {
 
     fn servers(&self) -> Option<&ServerFactory> {
         Some(self)
+    }
+
+    fn process_url(&self) -> Option<String> {
+        Some((self.store.url)(&self.addrs, ""))
     }
 
     fn session_ender(&self) -> Option<Arc<dyn SessionEnder>> {
@@ -360,6 +381,7 @@ mod tests {
         link_options: "",
         unreachable_options: "",
         wrong_password: None,
+        enable_auth: None,
         renewal_requests: None,
         shortest_ttl: DEFAULT_SHORTEST_TTL,
         end_session: None,

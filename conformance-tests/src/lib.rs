@@ -14,6 +14,10 @@
 //! }
 //! ```
 //!
+//! A backend that other processes can reach passes its `STORE` entry to
+//! [`run_suite_with`] instead, so the scenarios that kill a holder process can start the
+//! test binary again as that holder.
+//!
 //! Faults are injected two ways: [`FaultyBackend`] wraps any backend and delays, fails,
 //! silences, or applies-then-drops-the-reply of chosen operations; [`proxy::TcpFaultProxy`]
 //! sits between a client and a real store to simulate partitions. [`store_process`]
@@ -24,6 +28,7 @@ pub mod factory;
 mod failure;
 pub mod faults;
 pub mod harness;
+mod holder_process;
 mod memory;
 pub mod network;
 pub mod proxy;
@@ -38,4 +43,4 @@ pub use harness::{
     LinkControl, Outcome, SLACK,
 };
 pub use memory::MemoryFactory;
-pub use runner::run_suite;
+pub use runner::{run_suite, run_suite_with};

@@ -7,8 +7,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use libtest_mimic::{Arguments, Failed, Trial};
+use lock_core::backend::Store;
 
 use crate::harness::{BackendFactory, Ctx};
+use crate::holder_process::HolderTask;
 use crate::scenarios::{Offers, ALL};
 
 /// The longest one scenario may run before it counts as hung.
@@ -27,12 +29,35 @@ enum Status {
 /// the ones the command line selects, and prints a scenario x backend summary.
 ///
 /// A factory that cannot be built (a missing server binary, say) fails the run: a backend
-/// is never skipped silently.
+/// is never skipped silently. For a store that other processes can reach, use
+/// [`run_suite_with`], which can start holders in other processes.
 pub fn run_suite<F, Fut>(setup: F) -> ExitCode
 where
     F: FnOnce() -> Fut,
     Fut: Future<Output = Result<Vec<Arc<dyn BackendFactory>>, String>>,
 {
+    run(None, setup)
+}
+
+/// [`run_suite`] for a backend whose [`Store`] entry connects by URL: a run of the test
+/// binary started as a holder process by a scenario connects through `store` instead of
+/// running the suite (and starts no server).
+pub fn run_suite_with<F, Fut>(store: Store, setup: F) -> ExitCode
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = Result<Vec<Arc<dyn BackendFactory>>, String>>,
+{
+    run(Some(store), setup)
+}
+
+fn run<F, Fut>(store: Option<Store>, setup: F) -> ExitCode
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = Result<Vec<Arc<dyn BackendFactory>>, String>>,
+{
+    if let Some(task) = HolderTask::from_env() {
+        return HolderTask::run(task, store);
+    }
     let args = Arguments::from_args();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)

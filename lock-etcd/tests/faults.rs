@@ -1,11 +1,11 @@
-//! etcd-specific faults: a holder process killed, hostile keys, authentication, other
-//! servers on the port, retried record writes and late writes. Partitions, freezes,
-//! restarts and unreachable endpoints in general are conformance scenarios.
+//! etcd-specific faults: unreachable endpoints with credentials, other servers on the
+//! port, retried record writes, late writes and a role on the prefix. Partitions,
+//! freezes, restarts, killed holder processes, wrong passwords and unreachable endpoints
+//! in general are conformance scenarios.
 #![allow(clippy::unwrap_used)]
 
 mod support;
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use conformance_tests::network::closed_addr;
@@ -14,116 +14,11 @@ use conformance_tests::{everything_shown, SLACK};
 use lock_core::backend::{AcquireRequest, Record};
 use lock_core::{ErrorKind, LeaseId, LockClient, LockKey, Renewal};
 use support::{connect, etcd_url, etcdctl, start_etcd};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 const TTL: Duration = Duration::from_secs(2);
 
-/// etcd's lessor looks for expired leases twice a second, so a dead holder's lease ends
-/// up to this long after its TTL ran out.
-const LESSOR_CHECK: Duration = Duration::from_millis(500);
-
-/// What the test binary runs as when re-invoked as a holder process.
-const CHILD_URL: &str = "DISTLOCK_ETCD_CHILD_URL";
-const CHILD_KEY: &str = "DISTLOCK_ETCD_CHILD_KEY";
-
 async fn client(url: &str) -> LockClient {
     LockClient::new(connect(url).await)
-}
-
-/// Run only as the child of `killed_holder_process_hands_over_to_a_queued_waiter`: holds
-/// the key it is given, says so, and waits to be killed.
-#[tokio::test]
-#[ignore = "a helper process, started by another test"]
-async fn holder_process() {
-    let (Ok(url), Ok(key)) = (std::env::var(CHILD_URL), std::env::var(CHILD_KEY)) else {
-        panic!("run by killed_holder_process_hands_over_to_a_queued_waiter only");
-    };
-    let guard = client(&url).await.lock(&key).ttl(TTL).await.unwrap();
-    println!("HELD {}", guard.token());
-    std::future::pending::<()>().await;
-}
-
-/// A holder process SIGKILLed: its lease runs out within the TTL (give or take etcd's
-/// expiry check) and the waiter queued in another process gets the key.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_holder_process_hands_over_to_a_queued_waiter() {
-    let server = start_etcd().await;
-    let url = etcd_url(&[server.addr()], "");
-    let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "holder_process", "--nocapture"])
-        .env(CHILD_URL, &url)
-        .env(CHILD_KEY, "crashed")
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let held: u64 = loop {
-        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-            .await
-            .expect("the holder process never held the key")
-            .unwrap()
-            .expect("the holder process ended without holding the key");
-        if let Some(token) = line.strip_prefix("HELD ") {
-            break token.parse().unwrap();
-        }
-    };
-    let waiter = client(&url).await;
-    let observer = connect(&url).await;
-    let key = LockKey::new("crashed").unwrap();
-    let waiting = tokio::spawn(async move {
-        let guard = waiter.lock("crashed").ttl(TTL).wait_up_to(TTL * 5).await;
-        (guard, Instant::now())
-    });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while observer
-        .inspect(&key)
-        .await
-        .unwrap()
-        .and_then(|i| i.waiters)
-        != Some(1)
-    {
-        assert!(Instant::now() < deadline, "the waiter never queued");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    child.kill().await.unwrap();
-    let killed_at = Instant::now();
-    let (guard, got_at) = waiting.await.unwrap();
-    let guard = guard.expect("the queued waiter never got the key");
-    assert!(
-        got_at - killed_at <= TTL + LESSOR_CHECK + SLACK,
-        "the key was free only {:?} after the holder died",
-        got_at - killed_at
-    );
-    assert!(guard.token().get() > held);
-    guard.release().await.unwrap();
-}
-
-/// With etcd's authentication on, a wrong password and a missing user are
-/// `PermissionDenied`, and the password is never shown; the right one works.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wrong_or_missing_credentials_are_permission_denied() {
-    let server = start_etcd().await;
-    let addrs = [server.addr()];
-    etcdctl(
-        &addrs,
-        &["user", "add", "root:R00t-pass", "--interactive=false"],
-    )
-    .await;
-    etcdctl(&addrs, &["auth", "enable"]).await;
-    let options = "request_timeout_ms=2000";
-    let wrong = format!("etcd://root:Wr0ng-pass@{}/locks?{options}", server.addr());
-    let err = lock_etcd::connect(&wrong).await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err:?}");
-    assert!(!everything_shown(&err).contains("Wr0ng-pass"), "{err:?}");
-    let missing = format!("etcd://{}/locks?{options}", server.addr());
-    let err = lock_etcd::connect(&missing).await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err:?}");
-    let right = format!("etcd://root:R00t-pass@{}/locks?{options}", server.addr());
-    let backend = lock_etcd::connect(&right).await.unwrap();
-    assert!(!format!("{backend:?}").contains("R00t-pass"));
-    let guard = LockClient::new(backend).lock("k").ttl(TTL).await.unwrap();
-    guard.release().await.unwrap();
 }
 
 /// Nothing listening, or a listener that accepts and never answers, with credentials

@@ -3,7 +3,7 @@
 mod support;
 
 fn main() -> std::process::ExitCode {
-    conformance_tests::run_suite(|| async {
+    conformance_tests::run_suite_with(lock_redis::STORE, || async {
         Ok(vec![
             conformance_tests::ServerFactory::start(support::REDLOCK).await?,
         ])

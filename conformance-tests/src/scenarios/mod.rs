@@ -16,6 +16,7 @@ pub mod operator;
 pub mod outages;
 pub mod ownership;
 pub mod patterns;
+pub mod processes;
 pub mod recovery;
 pub mod renewal;
 pub mod sessions;
@@ -38,6 +39,8 @@ pub struct Offers {
     pub renewal_requests: bool,
     /// The factory can end a holder's session from the store's side.
     pub session_end: bool,
+    /// The factory names a URL by which another process reaches the same store.
+    pub other_process: bool,
 }
 
 impl Offers {
@@ -63,6 +66,7 @@ impl Offers {
                 .servers()
                 .is_some_and(|servers| servers.store().renewal_requests.is_some()),
             session_end: factory.session_ender().is_some(),
+            other_process: factory.process_url().is_some(),
         })
     }
 }
@@ -103,6 +107,8 @@ pub enum Needs {
     WrongPassword,
     /// [`Liveness::Batched`], and servers that count the requests that can renew leases.
     BatchedRenewal,
+    /// A store another process can reach ([`BackendFactory::process_url`]).
+    OtherProcess,
     /// [`Capabilities::records`]: idempotency records.
     Records,
     /// No [`Capabilities::records`]: the refusal is what is checked.
@@ -149,6 +155,9 @@ impl Needs {
             }
             Needs::BatchedRenewal if !offers.renewal_requests => {
                 Err("the servers cannot count renewal requests")
+            }
+            Needs::OtherProcess if !offers.other_process => {
+                Err("the store lives inside the test process: no other process can reach it")
             }
             Needs::Records if !caps.records => Err("the store keeps no idempotency records"),
             Needs::NoRecords if caps.records => {
@@ -265,6 +274,7 @@ scenarios! {
     outages::silent_store_is_unavailable_within_the_connect_timeout => Servers,
     outages::wrong_password_is_permission_denied => WrongPassword,
     outages::automatic_renewals_are_batched => BatchedRenewal,
+    processes::killed_holder_process_hands_over_to_a_waiter => OtherProcess,
     loss::failing_renewals_warn_before_the_loss => LeaseTtl,
     loss::broken_lease_is_lost_as_not_held => LeaseTtl,
     loss::max_hold_ends_the_hold_and_frees_the_key => Nothing,

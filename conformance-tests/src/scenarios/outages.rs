@@ -397,26 +397,45 @@ pub async fn silent_store_is_unavailable_within_the_connect_timeout(ctx: &Ctx) -
 }
 
 /// A wrong password is "permission denied", not retryable, and shows nowhere in the error.
+/// Where authentication is a switch of the whole server, the scenario switches it on at
+/// private servers, and checks there too that a client without credentials is refused
+/// and that the user's right password works (so the refusal is the password's) without
+/// showing in the backend's `Debug` output.
 pub async fn wrong_password_is_permission_denied(ctx: &Ctx) -> Outcome {
     const WRONG: &str = "Wr0ng-S3cret";
     let servers = ctx.servers()?;
-    let url = servers
-        .store()
+    let store = servers.store();
+    let url = store
         .wrong_password
         .ok_or_else(|| Failure("the servers do not authenticate".into()))?;
-    let connected = (servers.store().connect)(url(servers.addrs(), WRONG)).await;
-    let err = match connected {
-        Err(err) => err,
-        Ok(backend) => {
-            let client = LockClient::new(backend).with_defaults(ctx.options());
-            let attempt = client.lock(ctx.key("wrong-password")).no_wait().await;
-            expect_kind(
-                attempt,
-                ErrorKind::PermissionDenied,
-                "a lock with a wrong password",
-            )?
+    let private;
+    let addrs = match store.enable_auth {
+        None => servers.addrs(),
+        Some(enable_auth) => {
+            private = servers.start_private().await?;
+            let right = enable_auth(private.addrs().to_vec())
+                .await
+                .map_err(|err| Failure(format!("switching authentication on: {err}")))?;
+            let backend = (store.connect)(right.clone()).await?;
+            if let Some(password) = url_password(&right) {
+                ensure!(
+                    !format!("{backend:?}").contains(password),
+                    "the right password shows in the backend's Debug output"
+                );
+            }
+            let client = LockClient::new(backend);
+            let guard = client.lock(ctx.key("right-password")).no_wait().await?;
+            released(guard.release().await, "a lock with the right password")?;
+            let anonymous =
+                refusal(ctx, (store.connect)((store.url)(private.addrs(), "")).await).await?;
+            ensure!(
+                anonymous.kind() == ErrorKind::PermissionDenied,
+                "no credentials gave {anonymous} ({anonymous:?})"
+            );
+            private.addrs()
         }
     };
+    let err = refusal(ctx, (store.connect)(url(addrs, WRONG)).await).await?;
     ensure!(
         err.kind() == ErrorKind::PermissionDenied,
         "a wrong password gave {err} ({err:?})"
@@ -431,6 +450,33 @@ pub async fn wrong_password_is_permission_denied(ctx: &Ctx) -> Outcome {
         everything_shown(&err)
     );
     Ok(())
+}
+
+/// The password in a URL's `user:password@`, if it has one.
+fn url_password(url: &str) -> Option<&str> {
+    let (_, rest) = url.split_once("://")?;
+    let (user, _) = rest.split_once('@')?;
+    user.split_once(':').map(|(_, password)| password)
+}
+
+/// The error of a connection, or of a lock through it when the store refuses only at the
+/// first request.
+async fn refusal(
+    ctx: &Ctx,
+    connected: lock_core::Result<lock_core::backend::DynBackend>,
+) -> Result<lock_core::Error, Failure> {
+    match connected {
+        Err(err) => Ok(err),
+        Ok(backend) => {
+            let client = LockClient::new(backend).with_defaults(ctx.options());
+            let attempt = client.lock(ctx.key("refused")).no_wait().await;
+            expect_kind(
+                attempt,
+                ErrorKind::PermissionDenied,
+                "a lock without the right credentials",
+            )
+        }
+    }
 }
 
 /// Automatic renewal of many leases held by one client costs each server O(1) requests

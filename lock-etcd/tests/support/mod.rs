@@ -81,6 +81,11 @@ pub async fn start_cluster_with_peer_proxies() -> (Vec<StoreProcess>, Vec<Arc<Tc
 
 /// A URL over `addrs` with the test options and `extra` (`"a=b"`, may be empty).
 pub fn etcd_url(addrs: &[SocketAddr], extra: &str) -> String {
+    url_as("", addrs, extra)
+}
+
+/// [`etcd_url`] with `user` (`"name:password@"`, or empty) before the hosts.
+fn url_as(user: &str, addrs: &[SocketAddr], extra: &str) -> String {
     let hosts: Vec<String> = addrs.iter().map(ToString::to_string).collect();
     // The connect time-out stays the default: a member's status took longer than 500 ms
     // to read on a loaded machine, and every scenario connecting then failed.
@@ -90,7 +95,7 @@ pub fn etcd_url(addrs: &[SocketAddr], extra: &str) -> String {
         format!("&{extra}")
     };
     format!(
-        "etcd://{}/distlock-test?{TEST_OPTIONS}{extra}",
+        "etcd://{user}{}/distlock-test?{TEST_OPTIONS}{extra}",
         hosts.join(",")
     )
 }
@@ -103,6 +108,12 @@ pub async fn connect(url: &str) -> DynBackend {
 /// Runs `etcdctl` against `endpoints` with `args`, returning its stdout; fails on a
 /// non-zero exit.
 pub async fn etcdctl(endpoints: &[SocketAddr], args: &[&str]) -> String {
+    try_etcdctl(endpoints, args)
+        .await
+        .unwrap_or_else(|err| panic!("{err}"))
+}
+
+async fn try_etcdctl(endpoints: &[SocketAddr], args: &[&str]) -> Result<String, String> {
     let endpoints: Vec<String> = endpoints.iter().map(ToString::to_string).collect();
     let output = tokio::process::Command::new("etcdctl")
         .env("ETCDCTL_API", "3")
@@ -110,13 +121,26 @@ pub async fn etcdctl(endpoints: &[SocketAddr], args: &[&str]) -> String {
         .args(args)
         .output()
         .await
-        .expect("etcdctl must be installed (Debian package etcd-client)");
-    assert!(
-        output.status.success(),
-        "etcdctl {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
+        .map_err(|err| format!("etcdctl must be installed (Debian package etcd-client): {err}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "etcdctl {args:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// Adds the user `root` to the cluster at `addrs` and switches authentication on; a URL
+/// as `root`.
+async fn enable_auth(addrs: Vec<SocketAddr>) -> Result<String, String> {
+    try_etcdctl(
+        &addrs,
+        &["user", "add", "root:R00t-pass", "--interactive=false"],
+    )
+    .await?;
+    try_etcdctl(&addrs, &["auth", "enable"]).await?;
+    Ok(url_as("root:R00t-pass@", &addrs, ""))
 }
 
 /// Which of `addrs` leads the cluster now (by the members' own status).
@@ -167,8 +191,9 @@ pub const CLUSTER: ServerStore = ServerStore {
     link_options: "",
     // The connect time-out decides, however long the request time-out is.
     unreachable_options: "request_timeout_ms=5000",
-    // Authentication is for the whole server (`faults.rs` tests it on a server of its own).
-    wrong_password: None,
+    wrong_password: Some(|addrs, password| url_as(&format!("root:{password}@"), addrs, "")),
+    // Authentication is for the whole server: the scenario switches it on at private ones.
+    enable_auth: Some(|addrs| Box::pin(enable_auth(addrs))),
     renewal_requests: None,
     shortest_ttl: DEFAULT_SHORTEST_TTL,
     end_session: Some(revoke_holders_lease),

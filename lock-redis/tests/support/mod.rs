@@ -192,6 +192,7 @@ pub const REDIS: ServerStore = ServerStore {
     link_options: "",
     unreachable_options: "",
     wrong_password: Some(|addrs, password| format!("redis://{USER}:{password}@{}/0", addrs[0])),
+    enable_auth: None,
     renewal_requests: Some(evalsha_calls),
     shortest_ttl: DEFAULT_SHORTEST_TTL,
     end_session: None,
@@ -213,6 +214,7 @@ pub const REDLOCK: ServerStore = ServerStore {
         let hosts: Vec<String> = addrs.iter().map(ToString::to_string).collect();
         format!("redis+redlock://{USER}:{password}@{}/0", hosts.join(","))
     }),
+    enable_auth: None,
     renewal_requests: Some(evalsha_calls),
     shortest_ttl: DEFAULT_SHORTEST_TTL,
     end_session: None,

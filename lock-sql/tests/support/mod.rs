@@ -149,6 +149,7 @@ const SERVER: ServerStore = ServerStore {
     link_options: "",
     unreachable_options: "",
     wrong_password: None,
+    enable_auth: None,
     renewal_requests: None,
     // Each commit waits for its fsync, which stalled for more than the 170 ms a renewal
     // of a 400 ms lease had left on a loaded machine (PostgreSQL's renewal scenarios
@@ -190,5 +191,9 @@ impl BackendFactory for SqliteFactory {
 
     async fn residue(&self, prefix: &str) -> lock_core::Result<Vec<String>> {
         self.observer.stored_keys(prefix).await
+    }
+
+    fn process_url(&self) -> Option<String> {
+        Some(self.db.url.clone())
     }
 }

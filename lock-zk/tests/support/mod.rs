@@ -59,9 +59,39 @@ pub fn test_options() -> String {
 
 /// A URL for `addrs` with the test options and `extra` options (`"a=b&c=d"`, may be empty).
 pub fn zk_url(addrs: &[SocketAddr], extra: &str) -> String {
+    url_as("", addrs, extra)
+}
+
+/// [`zk_url`] with `user` (`"name:password@"`, or empty) before the hosts.
+fn url_as(user: &str, addrs: &[SocketAddr], extra: &str) -> String {
     let hosts: Vec<String> = addrs.iter().map(ToString::to_string).collect();
     let sep = if extra.is_empty() { "" } else { "&" };
-    format!("zk://{}/?{}{sep}{extra}", hosts.join(","), test_options())
+    format!(
+        "zk://{user}{}/?{}{sep}{extra}",
+        hosts.join(","),
+        test_options()
+    )
+}
+
+/// Creates the default lock root at the servers at `addrs` as the digest user `app`, with
+/// an ACL that lets only `app` use it; a URL as `app`.
+async fn enable_auth(addrs: Vec<SocketAddr>) -> Result<String, String> {
+    let hosts: Vec<String> = addrs.iter().map(ToString::to_string).collect();
+    let admin = zookeeper_client::Client::connector()
+        .with_auth("digest", b"app:right-pass")
+        .connect(&hosts.join(","))
+        .await
+        .map_err(|err| format!("connecting as app: {err}"))?;
+    admin
+        .create(
+            "/distlock",
+            &[],
+            &zookeeper_client::CreateMode::Persistent
+                .with_acls(zookeeper_client::Acls::creator_all()),
+        )
+        .await
+        .map_err(|err| format!("creating the lock root: {err}"))?;
+    Ok(url_as("app:right-pass@", &addrs, ""))
 }
 
 /// Connects a backend for `url`.
@@ -100,8 +130,10 @@ pub const ENSEMBLE: ServerStore = ServerStore {
     },
     link_options: "",
     unreachable_options: "",
-    // Credentials are checked by the ACLs of a lock root (`faults.rs` tests them).
-    wrong_password: None,
+    wrong_password: Some(|addrs, password| url_as(&format!("app:{password}@"), addrs, "")),
+    // ZooKeeper takes any digest credential at connect and checks it against the ACLs of
+    // each node: the scenario gives the lock root an ACL at private servers.
+    enable_auth: Some(|addrs| Box::pin(enable_auth(addrs))),
     renewal_requests: None,
     shortest_ttl: DEFAULT_SHORTEST_TTL,
     // ZooKeeper ends a session only when its client closes it or its timeout passes
