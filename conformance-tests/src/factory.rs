@@ -10,7 +10,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::backend::{async_trait, DynBackend};
+use lock_core::backend::{async_trait, DynBackend, LockBackend};
 use tokio::sync::Mutex;
 
 use crate::failure::Failure;
@@ -40,8 +40,11 @@ pub trait BackendFactory: Send + Sync + 'static {
 
     /// What the store still keeps for keys that start with `prefix`, apart from what the
     /// backend's docs say it keeps for ever (such as a fencing counter). Empty when
-    /// nothing is left behind.
-    async fn residue(&self, prefix: &str) -> lock_core::Result<Vec<String>>;
+    /// nothing is left behind. The default asks a new client for its
+    /// [`stored_keys`](lock_core::backend::LockBackend::stored_keys).
+    async fn residue(&self, prefix: &str) -> lock_core::Result<Vec<String>> {
+        self.connect().await?.stored_keys(prefix).await
+    }
 
     /// A client configured for a store that cannot be reached (a closed port), if the
     /// backend talks to a server at all; `None` for an embedded store.
@@ -63,6 +66,13 @@ pub trait BackendFactory: Send + Sync + 'static {
     /// keeps them in memory.
     fn shortest_ttl(&self) -> Duration {
         DEFAULT_SHORTEST_TTL
+    }
+
+    /// Key names the store is known to treat specially (metacharacters of its query
+    /// language or pattern matching, reserved or path-like names): the hostile-key
+    /// scenario holds each under the run's prefix, beside names every store gets.
+    fn hostile_keys(&self) -> &'static [&'static str] {
+        &[]
     }
 
     /// The servers behind the factory, for the outage scenarios (private servers to pause,
@@ -87,8 +97,6 @@ pub struct ServerStore {
     /// Builds a backend for a URL without contacting the store, when the backend can:
     /// lock calls, not the connect, then meet a store that is gone.
     pub connect_lazily: Option<fn(String) -> lock_core::Result<DynBackend>>,
-    /// What the store keeps for keys under a prefix (URL, prefix).
-    pub residue: fn(String, String) -> BoxFuture<lock_core::Result<Vec<String>>>,
     /// Options of clients whose link the scenarios control (`""` for none).
     pub link_options: &'static str,
     /// Options of clients of unreachable stores besides the connect time-out the scenario
@@ -102,6 +110,8 @@ pub struct ServerStore {
     pub renewal_requests: Option<fn(SocketAddr) -> BoxFuture<CountResult>>,
     /// [`BackendFactory::shortest_ttl`] for this store.
     pub shortest_ttl: Duration,
+    /// [`BackendFactory::hostile_keys`] for this store.
+    pub hostile_keys: &'static [&'static str],
 }
 
 /// Clients of servers started for the run, kept alive as long as the factory.
@@ -168,12 +178,12 @@ impl BackendFactory for ServerFactory {
         self.store.shortest_ttl
     }
 
-    async fn connect(&self) -> lock_core::Result<DynBackend> {
-        self.connect_to(&self.addrs, "").await
+    fn hostile_keys(&self) -> &'static [&'static str] {
+        self.store.hostile_keys
     }
 
-    async fn residue(&self, prefix: &str) -> lock_core::Result<Vec<String>> {
-        (self.store.residue)((self.store.url)(&self.addrs, ""), prefix.to_string()).await
+    async fn connect(&self) -> lock_core::Result<DynBackend> {
+        self.connect_to(&self.addrs, "").await
     }
 
     async fn connect_unreachable(&self) -> Option<lock_core::Result<DynBackend>> {
@@ -314,12 +324,12 @@ mod tests {
             Box::pin(async { Ok(Arc::new(lock_core::MemoryBackend::new().client()) as DynBackend) })
         },
         connect_lazily: None,
-        residue: |_, _| Box::pin(async { Ok(Vec::new()) }),
         link_options: "",
         unreachable_options: "",
         wrong_password: None,
         renewal_requests: None,
         shortest_ttl: DEFAULT_SHORTEST_TTL,
+        hostile_keys: &[],
     };
 
     /// A link proxy that cannot start (here: the proxy refuses a target off loopback)

@@ -79,14 +79,4 @@ impl BackendFactory for MemoryFactory {
         let link = client.link()?;
         Some(Ok((Arc::new(client), Arc::new(link))))
     }
-
-    async fn residue(&self, prefix: &str) -> lock_core::Result<Vec<String>> {
-        Ok(self
-            .store
-            .stored_keys()
-            .into_iter()
-            .filter(|key| key.as_str().starts_with(prefix))
-            .map(|key| key.to_string())
-            .collect())
-    }
 }

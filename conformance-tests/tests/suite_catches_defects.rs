@@ -136,6 +136,10 @@ impl LockBackend for Defective {
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
         self.inner.inspect(key).await
     }
+
+    async fn stored_keys(&self, prefix: &str) -> Result<Vec<String>> {
+        self.inner.stored_keys(prefix).await
+    }
 }
 
 struct DefectiveFactory {
@@ -169,16 +173,6 @@ impl BackendFactory for DefectiveFactory {
         let client = self.client();
         let link = client.inner.link()?;
         Some(Ok((Arc::new(client), Arc::new(link))))
-    }
-
-    async fn residue(&self, prefix: &str) -> Result<Vec<String>> {
-        Ok(self
-            .store
-            .stored_keys()
-            .into_iter()
-            .map(|k| k.to_string())
-            .filter(|k| k.starts_with(prefix))
-            .collect())
     }
 }
 

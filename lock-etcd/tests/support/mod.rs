@@ -10,7 +10,6 @@ use conformance_tests::proxy::TcpFaultProxy;
 use conformance_tests::store_process::{EtcdMember, StoreProcess, StoreSpec};
 use conformance_tests::ServerStore;
 use lock_core::backend::DynBackend;
-use lock_etcd::{EtcdBackend, EtcdConfig};
 
 /// Options every test URL carries: the test servers keep 1 s leases.
 pub const TEST_OPTIONS: &str = "min_ttl_ms=1000";
@@ -155,15 +154,6 @@ pub const CLUSTER: ServerStore = ServerStore {
     url: etcd_url,
     connect: |url| Box::pin(async move { lock_etcd::connect(&url).await }),
     connect_lazily: None,
-    residue: |url, prefix| {
-        Box::pin(async move {
-            let config = EtcdConfig::from_url(&url)?;
-            EtcdBackend::connect(&config)
-                .await?
-                .stored_keys(&prefix)
-                .await
-        })
-    },
     link_options: "",
     // The connect time-out decides, however long the request time-out is.
     unreachable_options: "request_timeout_ms=5000",
@@ -171,4 +161,8 @@ pub const CLUSTER: ServerStore = ServerStore {
     wrong_password: None,
     renewal_requests: None,
     shortest_ttl: DEFAULT_SHORTEST_TTL,
+    // A key's directory must not cover another's (`a` and `a/b`, the etcd-mutex layout's
+    // trap), and a prefix ending in the last character has no successor of its length
+    // (the range end of a listing).
+    hostile_keys: &["a/b", "a/", "/", "\u{10ffff}"],
 };

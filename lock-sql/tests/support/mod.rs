@@ -90,12 +90,7 @@ impl Database {
 
     /// A conformance factory over this SQLite database (taking ownership of it).
     pub async fn into_factory(self) -> Result<Arc<dyn BackendFactory>, String> {
-        let observer = SqlBackend::connect(
-            lock_sql::SqlConfig::from_url(&self.url).map_err(|e| format!("{}: {e}", self.name))?,
-        )
-        .await
-        .map_err(|e| format!("connecting to {}: {e}", self.name))?;
-        Ok(Arc::new(SqliteFactory { db: self, observer }))
+        Ok(Arc::new(SqliteFactory { db: self }))
     }
 }
 
@@ -106,6 +101,47 @@ pub fn url_with(url: &str, params: &str) -> String {
     let sep = if url.contains('?') { '&' } else { '?' };
     format!("{url}{sep}{params}")
 }
+
+/// Key names an SQL statement could take for SQL: quotes, comments, `LIKE` wildcards and
+/// escapes, placeholders, spaces and case that a collation may ignore.
+pub const HOSTILE_KEYS: &[&str] = &[
+    "'",
+    "''",
+    "\"",
+    "`",
+    "';--",
+    "'; DROP TABLE distlock_locks; --",
+    "--",
+    "/*",
+    "*/",
+    ";",
+    "%",
+    "_",
+    "a%",
+    "a_",
+    "\\",
+    "\\\\",
+    "\\'",
+    "\\%",
+    "\\_",
+    "$1",
+    "?",
+    "?1",
+    ":name",
+    "@x",
+    "NULL",
+    "0x00",
+    "ключ",
+    "🔒",
+    "é",
+    "e\u{301}",
+    " ",
+    "a ",
+    "A",
+    // The last character there is: a prefix ending in it has no successor of the same
+    // length (list_held's upper bound).
+    "\u{10ffff}",
+];
 
 /// A private PostgreSQL server for the conformance suite.
 pub const POSTGRES: ServerStore = ServerStore {
@@ -137,15 +173,6 @@ const SERVER: ServerStore = ServerStore {
         let backend = SqlBackend::new(lock_sql::SqlConfig::from_url(&url)?)?;
         Ok(Arc::new(backend) as DynBackend)
     }),
-    residue: |url, prefix| {
-        Box::pin(async move {
-            let config = lock_sql::SqlConfig::from_url(&url)?;
-            SqlBackend::connect(config)
-                .await?
-                .stored_keys(&prefix)
-                .await
-        })
-    },
     link_options: "",
     unreachable_options: "",
     wrong_password: None,
@@ -154,6 +181,7 @@ const SERVER: ServerStore = ServerStore {
     // of a 400 ms lease had left on a loaded machine (PostgreSQL's renewal scenarios
     // failed now and then in CI). SQLite's factory is not a server's: it keeps 400 ms.
     shortest_ttl: Duration::from_secs(1),
+    hostile_keys: HOSTILE_KEYS,
 };
 
 async fn start(spec: fn() -> StoreSpec) -> Result<Vec<StoreProcess>, String> {
@@ -174,7 +202,6 @@ fn mariadb_url(port: u16, password: &str) -> String {
 /// SQLite has no server: clients of one file.
 struct SqliteFactory {
     db: Database,
-    observer: SqlBackend,
 }
 
 #[async_trait]
@@ -187,7 +214,7 @@ impl BackendFactory for SqliteFactory {
         lock_sql::connect(&self.db.url).await
     }
 
-    async fn residue(&self, prefix: &str) -> lock_core::Result<Vec<String>> {
-        self.observer.stored_keys(prefix).await
+    fn hostile_keys(&self) -> &'static [&'static str] {
+        HOSTILE_KEYS
     }
 }

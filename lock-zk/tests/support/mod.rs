@@ -13,7 +13,6 @@ use conformance_tests::store_process::{
 };
 use conformance_tests::ServerStore;
 use lock_core::backend::DynBackend;
-use lock_zk::{ZkBackend, ZkConfig};
 
 /// Starts a private standalone server; a missing server is an error, never a skip.
 pub async fn start_zookeeper() -> StoreProcess {
@@ -90,20 +89,28 @@ pub const ENSEMBLE: ServerStore = ServerStore {
     url: zk_url,
     connect: |url| Box::pin(async move { lock_zk::connect(&url).await }),
     connect_lazily: None,
-    residue: |url, prefix| {
-        Box::pin(async move {
-            ZkBackend::connect(&ZkConfig::from_url(&url)?)
-                .await?
-                .stored_keys(&prefix)
-                .await
-        })
-    },
     link_options: "",
     unreachable_options: "",
     // Credentials are checked by the ACLs of a lock root (`faults.rs` tests them).
     wrong_password: None,
     renewal_requests: None,
     shortest_ttl: DEFAULT_SHORTEST_TTL,
+    // Path separators and segments, reserved names, escapes, and characters ZooKeeper
+    // refuses in a path (private use, U+FFF0.., outside the Basic Multilingual Plane).
+    hostile_keys: &[
+        "/",
+        "..",
+        ".",
+        "zookeeper",
+        "a/../b",
+        "%2F",
+        "日本語",
+        "😀",
+        "\u{e000}",
+        "\u{fff0}",
+        " ",
+        "*",
+    ],
 };
 
 /// A three-server ensemble whose quorum links (each follower's connection to the leader)
