@@ -75,6 +75,26 @@ pub trait BackendFactory: Send + Sync + 'static {
         &[]
     }
 
+    /// Whether [`counted_store`](Self::counted_store) gives a store; by default, whether
+    /// the factory's servers count renewal requests
+    /// ([`ServerStore::renewal_requests`]). A factory overriding one overrides both.
+    fn counts_renewal_requests(&self) -> bool {
+        self.servers()
+            .is_some_and(|servers| servers.store().renewal_requests.is_some())
+    }
+
+    /// A store for one scenario alone whose requests that can renew leases are counted
+    /// (to show that renewals are batched), if the factory can count them; by default,
+    /// private servers counted by [`ServerStore::renewal_requests`].
+    async fn counted_store(&self) -> Option<Result<Box<dyn CountedStore>, Failure>> {
+        let servers = self.servers()?;
+        let count = servers.store().renewal_requests?;
+        Some(match servers.start_private().await {
+            Ok(servers) => Ok(Box::new(CountedServers { servers, count })),
+            Err(failure) => Err(failure),
+        })
+    }
+
     /// The servers behind the factory, for the outage scenarios (private servers to pause,
     /// kill and restart, clients of other addresses); `None` for an embedded store.
     fn servers(&self) -> Option<&ServerFactory> {
@@ -112,6 +132,39 @@ pub struct ServerStore {
     pub shortest_ttl: Duration,
     /// [`BackendFactory::hostile_keys`] for this store.
     pub hostile_keys: &'static [&'static str],
+}
+
+/// A store of one scenario's own whose requests are counted
+/// ([`BackendFactory::counted_store`]), kept as long as the value.
+#[async_trait]
+pub trait CountedStore: Send + Sync {
+    /// A new client of the store.
+    async fn connect(&self) -> lock_core::Result<DynBackend>;
+
+    /// How many requests that can renew leases each of the store's servers (or its one
+    /// embedded database) has received so far, in the same order at every call.
+    async fn renewal_requests(&self) -> Result<Vec<u64>, String>;
+}
+
+/// Private servers counted by their store's [`ServerStore::renewal_requests`].
+struct CountedServers {
+    servers: PrivateServers,
+    count: fn(SocketAddr) -> BoxFuture<CountResult>,
+}
+
+#[async_trait]
+impl CountedStore for CountedServers {
+    async fn connect(&self) -> lock_core::Result<DynBackend> {
+        self.servers.connect("").await
+    }
+
+    async fn renewal_requests(&self) -> Result<Vec<u64>, String> {
+        let mut counts = Vec::with_capacity(self.servers.addrs().len());
+        for addr in self.servers.addrs() {
+            counts.push((self.count)(*addr).await?);
+        }
+        Ok(counts)
+    }
 }
 
 /// Clients of servers started for the run, kept alive as long as the factory.

@@ -34,7 +34,7 @@ pub struct Offers {
     pub servers: bool,
     /// The factory's servers authenticate clients, and it names a user to refuse.
     pub wrong_password: bool,
-    /// The factory's servers count the requests that can renew leases.
+    /// The factory counts the requests that can renew leases on a store of its own.
     pub renewal_requests: bool,
 }
 
@@ -57,9 +57,7 @@ impl Offers {
             wrong_password: factory
                 .servers()
                 .is_some_and(|servers| servers.store().wrong_password.is_some()),
-            renewal_requests: factory
-                .servers()
-                .is_some_and(|servers| servers.store().renewal_requests.is_some()),
+            renewal_requests: factory.counts_renewal_requests(),
         })
     }
 }
@@ -95,7 +93,8 @@ pub enum Needs {
     /// Servers that authenticate clients, and a user the factory can name with a wrong
     /// password.
     WrongPassword,
-    /// [`Liveness::Batched`], and servers that count the requests that can renew leases.
+    /// [`Liveness::Batched`], and a factory that counts the requests that can renew leases
+    /// ([`BackendFactory::counted_store`]).
     BatchedRenewal,
     /// [`Capabilities::records`]: idempotency records.
     Records,
@@ -137,7 +136,7 @@ impl Needs {
                 Err("leases are not renewed in batches")
             }
             Needs::BatchedRenewal if !offers.renewal_requests => {
-                Err("the servers cannot count renewal requests")
+                Err("the factory cannot count renewal requests")
             }
             Needs::Records if !caps.records => Err("the store keeps no idempotency records"),
             Needs::NoRecords if caps.records => {

@@ -11,10 +11,12 @@ use std::sync::Arc;
 use conformance_tests::store_process::{
     StoreProcess, StoreSpec, MARIADB_DATABASE, MARIADB_PASSWORD, MARIADB_USER, POSTGRES_PASSWORD,
 };
-use conformance_tests::{BackendFactory, ServerStore};
+use conformance_tests::{BackendFactory, CountedStore, Failure, ServerStore};
 use lock_core::backend::{async_trait, DynBackend};
 use lock_sql::SqlBackend;
 use std::time::Duration;
+
+mod statements;
 
 /// A private database: a temp-dir SQLite file, or a server started for the test.
 pub struct Database {
@@ -149,6 +151,7 @@ pub const POSTGRES: ServerStore = ServerStore {
     start: || Box::pin(start(StoreSpec::postgres)),
     url: |addrs, options| url_with(&postgres_url(addrs[0].port(), POSTGRES_PASSWORD), options),
     wrong_password: Some(|addrs, password| postgres_url(addrs[0].port(), password)),
+    renewal_requests: counters::POSTGRES,
     ..SERVER
 };
 
@@ -158,6 +161,7 @@ pub const MARIADB: ServerStore = ServerStore {
     start: || Box::pin(start(StoreSpec::mariadb)),
     url: |addrs, options| url_with(&mariadb_url(addrs[0].port(), MARIADB_PASSWORD), options),
     wrong_password: Some(|addrs, password| mariadb_url(addrs[0].port(), password)),
+    renewal_requests: counters::MARIADB,
     ..SERVER
 };
 
@@ -183,6 +187,66 @@ const SERVER: ServerStore = ServerStore {
     shortest_ttl: Duration::from_secs(1),
     hostile_keys: HOSTILE_KEYS,
 };
+
+/// Requests that can renew leases, as the servers count them.
+mod counters {
+    use conformance_tests::factory::{BoxFuture, CountResult};
+    use std::net::SocketAddr;
+
+    type Counter = Option<fn(SocketAddr) -> BoxFuture<CountResult>>;
+
+    /// `UPDATE` statements on the default lock table, counted by a statement-level
+    /// trigger that the first call installs: the statistics views would not do, as each
+    /// session flushes its counts to them only now and then.
+    #[cfg(feature = "postgres")]
+    pub const POSTGRES: Counter = Some(|server| {
+        Box::pin(async move {
+            use sqlx::Connection;
+            let url = super::postgres_url(server.port(), super::POSTGRES_PASSWORD);
+            let mut conn = sqlx::PgConnection::connect(&url)
+                .await
+                .map_err(|e| e.to_string())?;
+            sqlx::raw_sql(include_str!("count_updates.sql"))
+                .execute(&mut conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            let count: i64 = sqlx::query_scalar("SELECT n FROM distlock_test_updates")
+                .fetch_one(&mut conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            u64::try_from(count).map_err(|e| e.to_string())
+        })
+    });
+    #[cfg(not(feature = "postgres"))]
+    pub const POSTGRES: Counter = None;
+
+    /// `UPDATE` statements the server ran (the batch joins a JSON table: a multi-table
+    /// update), from its global status, which sums every session's at once.
+    #[cfg(feature = "mysql")]
+    pub const MARIADB: Counter = Some(|server| {
+        Box::pin(async move {
+            use sqlx::{Connection, Row};
+            let url = super::mariadb_url(server.port(), super::MARIADB_PASSWORD);
+            let mut conn = sqlx::MySqlConnection::connect(&url)
+                .await
+                .map_err(|e| e.to_string())?;
+            let rows = sqlx::query(
+                "SHOW GLOBAL STATUS WHERE Variable_name IN ('Com_update', 'Com_update_multi')",
+            )
+            .fetch_all(&mut conn)
+            .await
+            .map_err(|e| e.to_string())?;
+            let mut total = 0;
+            for row in rows {
+                let value: String = row.try_get(1).map_err(|e| e.to_string())?;
+                total += value.parse::<u64>().map_err(|e| format!("{value}: {e}"))?;
+            }
+            Ok(total)
+        })
+    });
+    #[cfg(not(feature = "mysql"))]
+    pub const MARIADB: Counter = None;
+}
 
 async fn start(spec: fn() -> StoreSpec) -> Result<Vec<StoreProcess>, String> {
     let server = StoreProcess::start(spec())
@@ -216,5 +280,46 @@ impl BackendFactory for SqliteFactory {
 
     fn hostile_keys(&self) -> &'static [&'static str] {
         HOSTILE_KEYS
+    }
+
+    fn counts_renewal_requests(&self) -> bool {
+        true
+    }
+
+    async fn counted_store(&self) -> Option<Result<Box<dyn CountedStore>, Failure>> {
+        Some(CountedSqlite::start().await.map_err(Failure))
+    }
+}
+
+/// A SQLite database of its own whose lock table's `UPDATE` statements are counted.
+struct CountedSqlite {
+    /// Keeps the file.
+    _db: Database,
+    url: String,
+    table: String,
+}
+
+impl CountedSqlite {
+    async fn start() -> Result<Box<dyn CountedStore>, String> {
+        let db = Database::sqlite().await?;
+        // A name of its own: the count is by table.
+        let table = format!("counted_{:016x}", fastrand::u64(..));
+        statements::watch(&table)?;
+        Ok(Box::new(CountedSqlite {
+            url: db.url_with(&format!("table={table}")),
+            _db: db,
+            table,
+        }))
+    }
+}
+
+#[async_trait]
+impl CountedStore for CountedSqlite {
+    async fn connect(&self) -> lock_core::Result<DynBackend> {
+        lock_sql::connect(&self.url).await
+    }
+
+    async fn renewal_requests(&self) -> Result<Vec<u64>, String> {
+        Ok(vec![statements::updates(&self.table)?])
     }
 }
