@@ -10,7 +10,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::backend::{async_trait, DynBackend};
+use lock_core::backend::{async_trait, DynBackend, LockBackend};
 use tokio::sync::Mutex;
 
 use crate::failure::Failure;
@@ -44,8 +44,11 @@ pub trait BackendFactory: Send + Sync + 'static {
 
     /// What the store still keeps for keys that start with `prefix`, apart from what the
     /// backend's docs say it keeps for ever (such as a fencing counter). Empty when
-    /// nothing is left behind.
-    async fn residue(&self, prefix: &str) -> lock_core::Result<Vec<String>>;
+    /// nothing is left behind. The default asks a new client for its
+    /// [`stored_keys`](lock_core::backend::LockBackend::stored_keys).
+    async fn residue(&self, prefix: &str) -> lock_core::Result<Vec<String>> {
+        self.connect().await?.stored_keys(prefix).await
+    }
 
     /// A client configured for a store that cannot be reached (a closed port), if the
     /// backend talks to a server at all; `None` for an embedded store.
@@ -67,6 +70,33 @@ pub trait BackendFactory: Send + Sync + 'static {
     /// keeps them in memory.
     fn shortest_ttl(&self) -> Duration {
         DEFAULT_SHORTEST_TTL
+    }
+
+    /// Key names the store is known to treat specially (metacharacters of its query
+    /// language or pattern matching, reserved or path-like names): the hostile-key
+    /// scenario holds each under the run's prefix, beside names every store gets.
+    fn hostile_keys(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// Whether [`counted_store`](Self::counted_store) gives a store; by default, whether
+    /// the factory's servers count renewal requests
+    /// ([`ServerStore::renewal_requests`]). A factory overriding one overrides both.
+    fn counts_renewal_requests(&self) -> bool {
+        self.servers()
+            .is_some_and(|servers| servers.store().renewal_requests.is_some())
+    }
+
+    /// A store for one scenario alone whose requests that can renew leases are counted
+    /// (to show that renewals are batched), if the factory can count them; by default,
+    /// private servers counted by [`ServerStore::renewal_requests`].
+    async fn counted_store(&self) -> Option<Result<Box<dyn CountedStore>, Failure>> {
+        let servers = self.servers()?;
+        let count = servers.store().renewal_requests?;
+        Some(match servers.start_private().await {
+            Ok(servers) => Ok(Box::new(CountedServers { servers, count })),
+            Err(failure) => Err(failure),
+        })
     }
 
     /// The servers behind the factory, for the outage scenarios (private servers to pause,
@@ -116,8 +146,6 @@ pub struct ServerStore {
     /// Builds a backend for a URL without contacting the store, when the backend can:
     /// lock calls, not the connect, then meet a store that is gone.
     pub connect_lazily: Option<fn(String) -> lock_core::Result<DynBackend>>,
-    /// What the store keeps for keys under a prefix (URL, prefix).
-    pub residue: fn(String, String) -> BoxFuture<lock_core::Result<Vec<String>>>,
     /// Options of clients whose link the scenarios control (`""` for none).
     pub link_options: &'static str,
     /// Options of clients of unreachable stores besides the connect time-out the scenario
@@ -140,6 +168,41 @@ pub struct ServerStore {
     /// Ends the session holding a key from the store's side, when the store has sessions
     /// and a way to end one from outside ([`BackendFactory::session_ender`]).
     pub end_session: Option<EndSession>,
+    /// [`BackendFactory::hostile_keys`] for this store.
+    pub hostile_keys: &'static [&'static str],
+}
+
+/// A store of one scenario's own whose requests are counted
+/// ([`BackendFactory::counted_store`]), kept as long as the value.
+#[async_trait]
+pub trait CountedStore: Send + Sync {
+    /// A new client of the store.
+    async fn connect(&self) -> lock_core::Result<DynBackend>;
+
+    /// How many requests that can renew leases each of the store's servers (or its one
+    /// embedded database) has received so far, in the same order at every call.
+    async fn renewal_requests(&self) -> Result<Vec<u64>, String>;
+}
+
+/// Private servers counted by their store's [`ServerStore::renewal_requests`].
+struct CountedServers {
+    servers: PrivateServers,
+    count: fn(SocketAddr) -> BoxFuture<CountResult>,
+}
+
+#[async_trait]
+impl CountedStore for CountedServers {
+    async fn connect(&self) -> lock_core::Result<DynBackend> {
+        self.servers.connect("").await
+    }
+
+    async fn renewal_requests(&self) -> Result<Vec<u64>, String> {
+        let mut counts = Vec::with_capacity(self.servers.addrs().len());
+        for addr in self.servers.addrs() {
+            counts.push((self.count)(*addr).await?);
+        }
+        Ok(counts)
+    }
 }
 
 /// Clients of servers started for the run, kept alive as long as the factory.
@@ -206,12 +269,12 @@ impl BackendFactory for ServerFactory {
         self.store.shortest_ttl
     }
 
-    async fn connect(&self) -> lock_core::Result<DynBackend> {
-        self.connect_to(&self.addrs, "").await
+    fn hostile_keys(&self) -> &'static [&'static str] {
+        self.store.hostile_keys
     }
 
-    async fn residue(&self, prefix: &str) -> lock_core::Result<Vec<String>> {
-        (self.store.residue)((self.store.url)(&self.addrs, ""), prefix.to_string()).await
+    async fn connect(&self) -> lock_core::Result<DynBackend> {
+        self.connect_to(&self.addrs, "").await
     }
 
     async fn connect_unreachable(&self) -> Option<lock_core::Result<DynBackend>> {
@@ -377,7 +440,6 @@ mod tests {
             Box::pin(async { Ok(Arc::new(lock_core::MemoryBackend::new().client()) as DynBackend) })
         },
         connect_lazily: None,
-        residue: |_, _| Box::pin(async { Ok(Vec::new()) }),
         link_options: "",
         unreachable_options: "",
         wrong_password: None,
@@ -385,6 +447,7 @@ mod tests {
         renewal_requests: None,
         shortest_ttl: DEFAULT_SHORTEST_TTL,
         end_session: None,
+        hostile_keys: &[],
     };
 
     /// A link proxy that cannot start (here: the proxy refuses a target off loopback)

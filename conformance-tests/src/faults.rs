@@ -24,7 +24,7 @@ pub enum Op {
     Renew,
     /// `release`.
     Release,
-    /// `inspect` and `list_held`.
+    /// `inspect`, `list_held` and `stored_keys`.
     Inspect,
     /// `watch` and `watch_turn`, and the notifications they deliver.
     Watch,
@@ -339,6 +339,11 @@ impl LockBackend for FaultyBackend {
 
     async fn list_held(&self, prefix: &str, limit: usize) -> Result<Vec<(LockKey, HolderInfo)>> {
         self.faulted(Op::Inspect, self.inner.list_held(prefix, limit))
+            .await
+    }
+
+    async fn stored_keys(&self, prefix: &str) -> Result<Vec<String>> {
+        self.faulted(Op::Inspect, self.inner.stored_keys(prefix))
             .await
     }
 

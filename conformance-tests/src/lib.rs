@@ -36,7 +36,7 @@ mod runner;
 pub mod scenarios;
 pub mod store_process;
 
-pub use factory::{ServerFactory, ServerStore};
+pub use factory::{CountedStore, ServerFactory, ServerStore};
 pub use faults::{Fault, FaultyBackend, Op};
 pub use harness::{
     eventually, everything_shown, expect_kind, released, within, BackendFactory, Ctx, Failure,

@@ -87,16 +87,6 @@ impl BackendFactory for MemoryFactory {
             .is_some()
             .then(|| Arc::new(self.store.clone()) as Arc<dyn SessionEnder>)
     }
-
-    async fn residue(&self, prefix: &str) -> lock_core::Result<Vec<String>> {
-        Ok(self
-            .store
-            .stored_keys()
-            .into_iter()
-            .filter(|key| key.as_str().starts_with(prefix))
-            .map(|key| key.to_string())
-            .collect())
-    }
 }
 
 #[async_trait]

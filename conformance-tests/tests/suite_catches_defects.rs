@@ -28,6 +28,9 @@ enum Defect {
     /// A session keep-alive proves the session alive from when its reply arrived, not
     /// from when it was sent.
     KeepAliveMeasuredFromReply,
+    /// Listing takes `_` in the prefix for any one character, as an unescaped SQL `LIKE`
+    /// pattern would.
+    ListedByLikePattern,
 }
 
 #[derive(Debug)]
@@ -136,6 +139,29 @@ impl LockBackend for Defective {
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
         self.inner.inspect(key).await
     }
+
+    async fn list_held(&self, prefix: &str, limit: usize) -> Result<Vec<(LockKey, HolderInfo)>> {
+        if self.defect != Defect::ListedByLikePattern {
+            return self.inner.list_held(prefix, limit).await;
+        }
+        let matches = |key: &str| {
+            key.chars().count() >= prefix.chars().count()
+                && key
+                    .chars()
+                    .zip(prefix.chars())
+                    .all(|(k, p)| p == '_' || k == p)
+        };
+        let all = self.inner.list_held("", usize::MAX).await?;
+        Ok(all
+            .into_iter()
+            .filter(|(key, _)| matches(key.as_str()))
+            .take(limit)
+            .collect())
+    }
+
+    async fn stored_keys(&self, prefix: &str) -> Result<Vec<String>> {
+        self.inner.stored_keys(prefix).await
+    }
 }
 
 struct DefectiveFactory {
@@ -169,16 +195,6 @@ impl BackendFactory for DefectiveFactory {
         let client = self.client();
         let link = client.inner.link()?;
         Some(Ok((Arc::new(client), Arc::new(link))))
-    }
-
-    async fn residue(&self, prefix: &str) -> Result<Vec<String>> {
-        Ok(self
-            .store
-            .stored_keys()
-            .into_iter()
-            .map(|k| k.to_string())
-            .filter(|k| k.starts_with(prefix))
-            .collect())
     }
 }
 
@@ -278,5 +294,13 @@ fn keep_alive_measured_from_reply_is_caught() {
     assert_caught(
         Defect::KeepAliveMeasuredFromReply,
         &["keep_alive_is_measured_from_its_send"],
+    );
+}
+
+#[test]
+fn listing_by_like_pattern_is_caught() {
+    assert_caught(
+        Defect::ListedByLikePattern,
+        &["hostile_keys_stay_in_their_namespace"],
     );
 }

@@ -120,25 +120,6 @@ impl EtcdBackend {
         })
     }
 
-    /// User keys starting with `key_prefix` that have entries left in etcd (holders or
-    /// waiters), for tests that check nothing is left behind.
-    pub async fn stored_keys(&self, key_prefix: &str) -> Result<Vec<String>> {
-        let start = self.inner.keys.dirs_starting_with(key_prefix);
-        let options = GetOptions::new()
-            .with_range(range_end(&start))
-            .with_keys_only();
-        let found = self
-            .call("listing keys", self.kv().get(start, Some(options)))
-            .await?;
-        let mut keys: Vec<String> = found
-            .kvs()
-            .iter()
-            .filter_map(|kv| self.inner.keys.user_key(kv.key()))
-            .collect();
-        keys.dedup();
-        Ok(keys)
-    }
-
     fn kv(&self) -> etcd_client::KvClient {
         self.inner.client.kv_client()
     }
@@ -698,6 +679,26 @@ impl LockBackend for EtcdBackend {
         };
         let left = self.lease_left(owner.lease()).await?;
         Ok(holder_info(owner, entries.len(), left))
+    }
+
+    /// User keys starting with `key_prefix` that have entries left in etcd (holders or
+    /// waiters).
+    async fn stored_keys(&self, key_prefix: &str) -> Result<Vec<String>> {
+        let start = self.inner.keys.dirs_starting_with(key_prefix);
+        let options = GetOptions::new()
+            .with_range(range_end(&start))
+            .with_keys_only();
+        let found = self
+            .call("listing keys", self.kv().get(start, Some(options)))
+            .await?;
+        let mut keys: Vec<String> = found
+            .kvs()
+            .iter()
+            .filter_map(|kv| self.inner.keys.user_key(kv.key()))
+            .collect();
+        keys.sort();
+        keys.dedup();
+        Ok(keys)
     }
 
     /// One linearizable range read over the directories of the keys starting with

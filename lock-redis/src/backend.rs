@@ -89,22 +89,6 @@ impl RedisBackend {
             }),
         })
     }
-
-    /// Keys starting with `key_prefix` that have a lock entry on the server (live leases;
-    /// fencing counters are not listed). Uses `SCAN`, so it is safe on a busy server.
-    pub async fn stored_keys(&self, key_prefix: &str) -> Result<Vec<String>> {
-        let layout = &self.inner.layout;
-        let found = self
-            .inner
-            .node
-            .scan(&layout.scan_pattern(key_prefix))
-            .await?;
-        let mut keys: Vec<String> = found.iter().filter_map(|k| layout.user_key(k)).collect();
-        keys.sort();
-        // SCAN may return a key more than once.
-        keys.dedup();
-        Ok(keys)
-    }
 }
 
 impl fmt::Debug for RedisBackend {
@@ -173,6 +157,22 @@ impl LockBackend for RedisBackend {
         let inner = &self.inner;
         let held = read_holder(&inner.node, &inner.layout.lock_key(key)).await?;
         Ok(held.map(|held| held.into_info()))
+    }
+
+    /// Keys starting with `key_prefix` that have a lock entry on the server (live leases;
+    /// fencing counters are not listed). Uses `SCAN`, so it is safe on a busy server.
+    async fn stored_keys(&self, key_prefix: &str) -> Result<Vec<String>> {
+        let layout = &self.inner.layout;
+        let found = self
+            .inner
+            .node
+            .scan(&layout.scan_pattern(key_prefix))
+            .await?;
+        let mut keys: Vec<String> = found.iter().filter_map(|k| layout.user_key(k)).collect();
+        keys.sort();
+        // SCAN may return a key more than once.
+        keys.dedup();
+        Ok(keys)
     }
 
     /// `SCAN`s the lock entries under the prefix (hex-encoded, so the pattern needs no

@@ -226,13 +226,6 @@ impl RedlockBackend {
         self.inner.quorum.needed()
     }
 
-    /// Keys starting with `key_prefix` that have a lock entry on any node (fencing
-    /// counters are not listed). Unreachable nodes are skipped.
-    pub async fn stored_keys(&self, key_prefix: &str) -> Result<Vec<String>> {
-        let found = self.scan_all(key_prefix).await;
-        Ok(self.user_keys(found.into_iter().flatten()))
-    }
-
     /// Every node's `SCAN` of the lock entries of keys starting with `key_prefix`.
     async fn scan_all(&self, key_prefix: &str) -> Vec<Result<Vec<String>>> {
         let pattern = self.inner.layout.scan_pattern(key_prefix);
@@ -514,6 +507,13 @@ impl LockBackend for RedlockBackend {
             .await;
         let held = inner.quorum.holder("inspect", replies)?;
         Ok(held.map(|held| held.into_info()))
+    }
+
+    /// Keys starting with `key_prefix` that have a lock entry on any node (fencing
+    /// counters are not listed). Unreachable nodes are skipped.
+    async fn stored_keys(&self, key_prefix: &str) -> Result<Vec<String>> {
+        let found = self.scan_all(key_prefix).await;
+        Ok(self.user_keys(found.into_iter().flatten()))
     }
 
     /// The candidates are the keys with an entry on any node; a majority of nodes must

@@ -232,12 +232,6 @@ impl SqlBackend {
         &self.inner.config.table
     }
 
-    /// Keys that have a row (held, or expired and not yet cleaned up) and start with
-    /// `prefix`: for operators and for tests that check nothing is left behind.
-    pub async fn stored_keys(&self, prefix: &str) -> Result<Vec<String>> {
-        on_store!(&self.inner.store, ops => ops.stored_keys(prefix).await)
-    }
-
     /// Deletes the rows of expired leases nobody took over (crashed holders) and the
     /// idempotency records past their retention, up to a thousand of each per call;
     /// returns how many rows. Runs by itself every 1024 releases and record writes;
@@ -424,6 +418,14 @@ impl LockBackend for SqlBackend {
 
     async fn list_held(&self, prefix: &str, limit: usize) -> Result<Vec<(LockKey, HolderInfo)>> {
         on_store!(&self.inner.store, ops => ops.list_held(prefix, limit).await)
+    }
+
+    /// Keys that have a row: held, or expired and not yet swept.
+    async fn stored_keys(&self, prefix: &str) -> Result<Vec<String>> {
+        let mut keys = on_store!(&self.inner.store, ops => ops.stored_keys(prefix).await)?;
+        // In Rust's order, whatever the database's collation.
+        keys.sort();
+        Ok(keys)
     }
 
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {

@@ -165,39 +165,6 @@ impl ZkBackend {
         })
     }
 
-    /// Keys starting with `prefix` whose parents still hold lock nodes (held, queued or
-    /// left behind): for tests that check nothing is left. Empty parents are not counted:
-    /// the server reaps them. Distlock layout only.
-    pub async fn stored_keys(&self, prefix: &str) -> Result<Vec<String>> {
-        let control = &self.inner.control;
-        let root = &self.inner.config.root;
-        self.catch_up(root).await?;
-        let names = match control.list_children(root).await {
-            Ok(names) => names,
-            Err(ZkError::NoNode) => return Ok(Vec::new()),
-            Err(err) => return Err(into_error(err, "listing the lock root")),
-        };
-        let keys: Vec<(String, String)> = names
-            .into_iter()
-            .filter_map(|name| decode_key(&name).map(|key| (name, key)))
-            .filter(|(_, key)| key.starts_with(prefix))
-            .collect();
-        let found: Vec<Result<Option<String>>> = futures_util::stream::iter(keys)
-            .map(|(name, key)| async move {
-                match control.list_children(&format!("{root}/{name}")).await {
-                    Ok(children) if !children.is_empty() => {
-                        Ok(Some(format!("{key}: {}", children.join(", "))))
-                    }
-                    Ok(_) | Err(ZkError::NoNode) => Ok(None),
-                    Err(err) => Err(into_error(err, "listing a lock parent")),
-                }
-            })
-            .buffer_unordered(128)
-            .collect()
-            .await;
-        found.into_iter().filter_map(Result::transpose).collect()
-    }
-
     fn parent(&self, key: &LockKey) -> Result<String> {
         let config = &self.inner.config;
         lock_parent(config.layout, &config.root, key)
@@ -728,6 +695,42 @@ impl LockBackend for ZkBackend {
             waiters: Some(waiters),
             holder: label.filter(|_| ttl.is_some()),
         }))
+    }
+
+    /// Keys starting with `prefix` whose parents still hold lock nodes (held, queued or
+    /// left behind). Empty parents are not counted: the server reaps them. Distlock
+    /// layout only.
+    async fn stored_keys(&self, prefix: &str) -> Result<Vec<String>> {
+        let control = &self.inner.control;
+        let root = &self.inner.config.root;
+        self.catch_up(root).await?;
+        let names = match control.list_children(root).await {
+            Ok(names) => names,
+            Err(ZkError::NoNode) => return Ok(Vec::new()),
+            Err(err) => return Err(into_error(err, "listing the lock root")),
+        };
+        let keys: Vec<(String, String)> = names
+            .into_iter()
+            .filter_map(|name| decode_key(&name).map(|key| (name, key)))
+            .filter(|(_, key)| key.starts_with(prefix))
+            .collect();
+        let found: Vec<Result<Option<String>>> = futures_util::stream::iter(keys)
+            .map(|(name, key)| async move {
+                match control.list_children(&format!("{root}/{name}")).await {
+                    Ok(children) if !children.is_empty() => Ok(Some(key)),
+                    Ok(_) | Err(ZkError::NoNode) => Ok(None),
+                    Err(err) => Err(into_error(err, "listing a lock parent")),
+                }
+            })
+            .buffer_unordered(128)
+            .collect()
+            .await;
+        let mut keys: Vec<String> = found
+            .into_iter()
+            .filter_map(Result::transpose)
+            .collect::<Result<_>>()?;
+        keys.sort();
+        Ok(keys)
     }
 
     async fn list_held(&self, prefix: &str, limit: usize) -> Result<Vec<(LockKey, HolderInfo)>> {

@@ -3,8 +3,10 @@
 
 use std::time::Duration;
 
-use lock_core::backend::{default_drift_allowance, AcquireRequest, LockBackendExt, ReleaseOutcome};
-use lock_core::{AcquireOptions, Backoff, ErrorKind, LockKey, Renewal};
+use lock_core::backend::{
+    default_drift_allowance, AcquireRequest, DynBackend, LockBackendExt, ReleaseOutcome,
+};
+use lock_core::{AcquireOptions, Backoff, ErrorKind, Lease, LeaseId, LockKey, Renewal};
 use tokio::task::JoinSet;
 
 use crate::ensure;
@@ -165,44 +167,119 @@ pub async fn extreme_options_are_refused_or_work(ctx: &Ctx) -> Outcome {
     Ok(())
 }
 
-fn hostile_names(ctx: &Ctx) -> Vec<String> {
-    let mut names: Vec<String> = [
-        "../x", "/", "//", "*", "a*", "a?", "[ab]", "%", "_", "a%", "'", "\"", "';--", "\\",
-        "\\\\'", "{tag}", "{", "}", "a b", " ", "$1", "KEYS[1]", "ARGV", "..", "%s%n", "ключ",
-        "🔒", "é", "e\u{301}",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+/// The hostile names every store gets, besides its factory's
+/// [`hostile_keys`](crate::harness::BackendFactory::hostile_keys).
+const HOSTILE_NAMES: &[&str] = &[
+    "../x", "/", "//", "*", "a*", "a?", "[ab]", "%", "_", "a%", "'", "\"", "';--", "\\", "\\\\'",
+    "{tag}", "{", "}", "a b", " ", "$1", "KEYS[1]", "ARGV", "..", "%s%n", "ключ", "🔒", "é",
+    "e\u{301}",
+];
+
+/// Keys beside the hostile ones that a pattern match, a trimmed or case-folded comparison
+/// or an injected statement would hit: they must survive every hostile key's release.
+const BYSTANDERS: &[&str] = &["a", "ab", "x"];
+
+/// The hostile keys under the run's prefix, each once, in key order.
+fn hostile_keys(ctx: &Ctx) -> Vec<String> {
+    let mut names: Vec<String> = HOSTILE_NAMES
+        .iter()
+        .chain(ctx.factory().hostile_keys())
+        .filter(|name| !BYSTANDERS.contains(name))
+        .map(|name| ctx.key(name))
+        .collect();
     // Exactly the longest key, in multi-byte characters.
     let room = LockKey::MAX_LEN - ctx.prefix().len();
-    names.push("é".repeat(room / 2) + &"x".repeat(room % 2));
+    names.push(ctx.key(&("é".repeat(room / 2) + &"x".repeat(room % 2))));
+    names.sort();
+    names.dedup();
     names
 }
 
-/// Keys full of path, glob, Lua, SQL and hash-tag metacharacters, spaces, unicode and the
-/// maximum length are distinct locks: holding all of them at once works, each is seen
-/// under its own name, and releasing them leaves nothing behind.
-pub async fn hostile_keys_stay_in_their_namespace(ctx: &Ctx) -> Outcome {
-    let (a, b) = (ctx.backend().await?, ctx.backend().await?);
-    let ttl = ctx.long_ttl();
-    let timeout = Duration::from_secs(5);
-    let mut leases = Vec::new();
-    for name in hostile_names(ctx) {
-        let key = LockKey::new(ctx.key(&name))?;
-        let request = AcquireRequest::new(
-            key.clone(),
-            ttl,
-            default_drift_allowance(ttl),
-            Renewal::Manual,
-        );
-        let lease = a.acquire_once(&request, timeout).await.map_err(|e| {
+/// Takes `key` for a fresh lease of `backend`.
+async fn take(backend: &DynBackend, key: &str, ttl: Duration) -> Result<Lease, Failure> {
+    let key = LockKey::new(key)?;
+    let request = AcquireRequest::new(
+        key.clone(),
+        ttl,
+        default_drift_allowance(ttl),
+        Renewal::Manual,
+    );
+    backend
+        .acquire_once(&request, Duration::from_secs(5))
+        .await
+        .map_err(|e| {
             Failure(format!(
                 "locking {key:?}: {e} (a key collided with another or was mangled)"
             ))
-        })?;
-        leases.push(lease);
+        })
+}
+
+/// The keys `backend` lists as held under `prefix` (at most `limit`), with their leases.
+async fn listed(
+    backend: &DynBackend,
+    prefix: &str,
+    limit: usize,
+) -> Result<Vec<(String, LeaseId)>, Failure> {
+    Ok(backend
+        .list_held(prefix, limit)
+        .await?
+        .into_iter()
+        .map(|(key, info)| (key.as_str().to_owned(), info.lease_id))
+        .collect())
+}
+
+/// Keys full of path, glob, Lua, SQL and hash-tag metacharacters, spaces, unicode and the
+/// maximum length (and the names each store declares hostile to it) are distinct locks:
+/// holding all of them at once works; the store keeps each under its own name, and lists
+/// under any prefix exactly the keys that start with it, in key order (no wildcard,
+/// case folding or collation widens, narrows or reorders the match); releasing them
+/// touches no bystander, and leaves nothing behind.
+pub async fn hostile_keys_stay_in_their_namespace(ctx: &Ctx) -> Outcome {
+    let (a, b) = (ctx.backend().await?, ctx.backend().await?);
+    let ttl = ctx.long_ttl();
+    let mut bystanders = Vec::new();
+    for name in BYSTANDERS {
+        bystanders.push(take(&a, &ctx.key(name), ttl).await?);
     }
+    let mut leases = Vec::new();
+    for key in hostile_keys(ctx) {
+        leases.push(take(&a, &key, ttl).await?);
+    }
+    let mut held: Vec<(String, LeaseId)> = leases
+        .iter()
+        .chain(&bystanders)
+        .map(|lease| (lease.key().as_str().to_owned(), lease.id()))
+        .collect();
+    held.sort();
+    let held_keys: Vec<&str> = held.iter().map(|(key, _)| key.as_str()).collect();
+    let stored = ctx.factory().residue(ctx.prefix()).await?;
+    ensure!(
+        stored == held_keys,
+        "the store keeps {stored:?} for the held keys {held_keys:?} (mangled or merged)"
+    );
+    let all = listed(&b, ctx.prefix(), 1000).await?;
+    ensure!(all == held, "list_held under the prefix: {all:?}");
+    let first = listed(&b, ctx.prefix(), 3).await?;
+    ensure!(first == held[..3], "list_held with a limit of 3: {first:?}");
+    let narrower = ["a", "\\", "x{", "]]"].map(|name| format!("{}{name}", ctx.prefix()));
+    let whole = ctx.prefix().trim_end_matches('/').to_owned();
+    for sub in held_keys
+        .iter()
+        .copied()
+        .chain(narrower.iter().map(String::as_str))
+    {
+        let expected: Vec<_> = held
+            .iter()
+            .filter(|(key, _)| key.starts_with(sub))
+            .cloned()
+            .collect();
+        let got = listed(&b, sub, 1000).await?;
+        ensure!(got == expected, "list_held({sub:?}) gave {got:?}");
+    }
+    ensure!(
+        listed(&b, &whole, 1000).await? == held,
+        "list_held({whole:?}) differs from list_held under the prefix"
+    );
     for lease in &leases {
         let info = b
             .inspect(lease.key())
@@ -220,23 +297,45 @@ pub async fn hostile_keys_stay_in_their_namespace(ctx: &Ctx) -> Outcome {
             Renewal::Manual,
         );
         expect_kind(
-            b.acquire_once(&rival, timeout).await,
+            b.acquire_once(&rival, Duration::from_secs(5)).await,
             ErrorKind::HeldByAnother,
             &format!("rival on {:?}", lease.key()),
         )?;
     }
     for lease in &leases {
-        let outcome = a.release_lease(lease, timeout).await?;
-        ensure!(
-            outcome == ReleaseOutcome::Released,
-            "{:?} released as {outcome:?}",
-            lease.key()
-        );
+        release_only(&a, &b, lease).await?;
+    }
+    let left = ctx.factory().residue(ctx.prefix()).await?;
+    let bystander_keys: Vec<&str> = bystanders.iter().map(|l| l.key().as_str()).collect();
+    ensure!(
+        left == bystander_keys,
+        "after the hostile keys' release the store keeps {left:?}"
+    );
+    for lease in &bystanders {
+        release_only(&a, &b, lease).await?;
     }
     let residue = ctx.factory().residue(ctx.prefix()).await?;
     ensure!(
         residue.is_empty(),
         "hostile keys left state behind: {residue:?}"
+    );
+    Ok(())
+}
+
+/// Releases `lease` through `a`, and checks through `b` that it is free now while the
+/// bystanders, released last, still hold: a release that matched more than its key
+/// would have freed them.
+async fn release_only(a: &DynBackend, b: &DynBackend, lease: &Lease) -> Outcome {
+    let outcome = a.release_lease(lease, Duration::from_secs(5)).await?;
+    ensure!(
+        outcome == ReleaseOutcome::Released,
+        "{:?} released as {outcome:?}",
+        lease.key()
+    );
+    ensure!(
+        b.inspect(lease.key()).await?.is_none(),
+        "{:?} is still held after its release",
+        lease.key()
     );
     Ok(())
 }

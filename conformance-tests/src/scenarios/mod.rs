@@ -35,7 +35,7 @@ pub struct Offers {
     pub servers: bool,
     /// The factory's servers authenticate clients, and it names a user to refuse.
     pub wrong_password: bool,
-    /// The factory's servers count the requests that can renew leases.
+    /// The factory counts the requests that can renew leases on a store of its own.
     pub renewal_requests: bool,
     /// The factory can end a holder's session from the store's side.
     pub session_end: bool,
@@ -62,9 +62,7 @@ impl Offers {
             wrong_password: factory
                 .servers()
                 .is_some_and(|servers| servers.store().wrong_password.is_some()),
-            renewal_requests: factory
-                .servers()
-                .is_some_and(|servers| servers.store().renewal_requests.is_some()),
+            renewal_requests: factory.counts_renewal_requests(),
             session_end: factory.session_ender().is_some(),
             other_process: factory.process_url().is_some(),
         })
@@ -105,7 +103,8 @@ pub enum Needs {
     /// Servers that authenticate clients, and a user the factory can name with a wrong
     /// password.
     WrongPassword,
-    /// [`Liveness::Batched`], and servers that count the requests that can renew leases.
+    /// [`Liveness::Batched`], and a factory that counts the requests that can renew leases
+    /// ([`BackendFactory::counted_store`]).
     BatchedRenewal,
     /// A store another process can reach ([`BackendFactory::process_url`]).
     OtherProcess,
@@ -154,7 +153,7 @@ impl Needs {
                 Err("leases are not renewed in batches")
             }
             Needs::BatchedRenewal if !offers.renewal_requests => {
-                Err("the servers cannot count renewal requests")
+                Err("the factory cannot count renewal requests")
             }
             Needs::OtherProcess if !offers.other_process => {
                 Err("the store lives inside the test process: no other process can reach it")

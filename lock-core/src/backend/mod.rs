@@ -291,6 +291,20 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
         ))
     }
 
+    /// Every key starting with `prefix` that the store still keeps anything for: held or
+    /// expired leases not cleaned up yet, queued waiters, their session entries; not what
+    /// the backend's docs say it keeps for ever (such as a fencing counter). Sorted, each
+    /// key once. For operators looking for what crashed clients left behind, and for the
+    /// conformance suite, which checks that nothing is. The default refuses with
+    /// [`ErrorKind::Unsupported`].
+    async fn stored_keys(&self, prefix: &str) -> Result<Vec<String>> {
+        let _ = prefix;
+        Err(Error::new(
+            ErrorKind::Unsupported,
+            format!("{} cannot list its stored keys", self.name()),
+        ))
+    }
+
     /// Subscribes to changes of `key`. `Ok(None)` (the default) means the backend has no
     /// native notification and waiters poll.
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {
@@ -568,6 +582,9 @@ macro_rules! forward_backend {
                 limit: usize,
             ) -> Result<Vec<(LockKey, HolderInfo)>> {
                 (**self).list_held(prefix, limit).await
+            }
+            async fn stored_keys(&self, prefix: &str) -> Result<Vec<String>> {
+                (**self).stored_keys(prefix).await
             }
             async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {
                 (**self).watch(key).await

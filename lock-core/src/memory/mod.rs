@@ -177,21 +177,6 @@ impl MemoryBackend {
         true
     }
 
-    /// Keys the store keeps anything for (held or expired leases, queued waiters): for
-    /// tests that check nothing is left behind.
-    pub fn stored_keys(&self) -> Vec<LockKey> {
-        let state = lock(&self.store.state);
-        let mut keys: Vec<LockKey> = state
-            .locks
-            .keys()
-            .chain(state.queues.keys())
-            .cloned()
-            .collect();
-        keys.sort();
-        keys.dedup();
-        keys
-    }
-
     fn expiry(&self, ttl: Duration) -> Result<Instant> {
         Instant::now()
             .checked_add(ttl)
@@ -461,6 +446,23 @@ impl LockBackend for MemoryBackend {
                     holder: entry.holder.as_deref().map(String::from),
                 }
             }))
+    }
+
+    /// Held or expired leases and queued waiters, whatever their state.
+    async fn stored_keys(&self, prefix: &str) -> Result<Vec<String>> {
+        self.reachable()?;
+        let state = lock(&self.store.state);
+        let mut keys: Vec<String> = state
+            .locks
+            .keys()
+            .chain(state.queues.keys())
+            .map(LockKey::as_str)
+            .filter(|key| key.starts_with(prefix))
+            .map(String::from)
+            .collect();
+        keys.sort();
+        keys.dedup();
+        Ok(keys)
     }
 
     async fn list_held(&self, prefix: &str, limit: usize) -> Result<Vec<(LockKey, HolderInfo)>> {

@@ -10,7 +10,7 @@ use conformance_tests::proxy::TcpFaultProxy;
 use conformance_tests::store_process::{EtcdMember, StoreProcess, StoreSpec};
 use conformance_tests::ServerStore;
 use lock_core::backend::DynBackend;
-use lock_etcd::{EtcdBackend, EtcdConfig};
+use lock_etcd::EtcdConfig;
 
 /// Options every test URL carries: the test servers keep 1 s leases.
 pub const TEST_OPTIONS: &str = "min_ttl_ms=1000";
@@ -179,15 +179,6 @@ pub const CLUSTER: ServerStore = ServerStore {
     url: etcd_url,
     connect: |url| Box::pin(async move { lock_etcd::connect(&url).await }),
     connect_lazily: None,
-    residue: |url, prefix| {
-        Box::pin(async move {
-            let config = EtcdConfig::from_url(&url)?;
-            EtcdBackend::connect(&config)
-                .await?
-                .stored_keys(&prefix)
-                .await
-        })
-    },
     link_options: "",
     // The connect time-out decides, however long the request time-out is.
     unreachable_options: "request_timeout_ms=5000",
@@ -197,6 +188,10 @@ pub const CLUSTER: ServerStore = ServerStore {
     renewal_requests: None,
     shortest_ttl: DEFAULT_SHORTEST_TTL,
     end_session: Some(revoke_holders_lease),
+    // A key's directory must not cover another's (`a` and `a/b`, the etcd-mutex layout's
+    // trap), and a prefix ending in the last character has no successor of its length
+    // (the range end of a listing).
+    hostile_keys: &["a/b", "a/", "/", "\u{10ffff}"],
 };
 
 /// Ends the session holding `key` as etcd ends one it has given up on: a second client

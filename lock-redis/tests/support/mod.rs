@@ -10,7 +10,6 @@ use conformance_tests::proxy::TcpFaultProxy;
 use conformance_tests::store_process::{StoreProcess, StoreSpec};
 use conformance_tests::ServerStore;
 use lock_core::backend::DynBackend;
-use lock_redis::{RedisBackend, RedisConfig, RedlockBackend};
 
 /// How many nodes the Redlock tests run.
 pub const REDLOCK_NODES: usize = 5;
@@ -112,22 +111,6 @@ pub async fn connect(url: &str) -> DynBackend {
     lock_redis::connect(url).await.unwrap()
 }
 
-/// Keys under `prefix` with lock entries left, on whatever `url` names.
-pub async fn stored_keys(url: &str, prefix: &str) -> lock_core::Result<Vec<String>> {
-    let config = RedisConfig::from_url(url)?;
-    if config.is_redlock() {
-        RedlockBackend::connect(&config)
-            .await?
-            .stored_keys(prefix)
-            .await
-    } else {
-        RedisBackend::connect(&config)
-            .await?
-            .stored_keys(prefix)
-            .await
-    }
-}
-
 /// The user the conformance servers know besides the default one, for the wrong-password
 /// scenario.
 const USER: &str = "distlock-test";
@@ -154,10 +137,6 @@ fn connect_url(url: String) -> BoxFuture<lock_core::Result<DynBackend>> {
     Box::pin(async move { lock_redis::connect(&url).await })
 }
 
-fn residue(url: String, prefix: String) -> BoxFuture<lock_core::Result<Vec<String>>> {
-    Box::pin(async move { stored_keys(&url, &prefix).await })
-}
-
 /// Script calls (every lock operation is one, a batch of renewals too) the server at
 /// `server` has run.
 fn evalsha_calls(server: SocketAddr) -> BoxFuture<Result<u64, String>> {
@@ -181,6 +160,36 @@ fn evalsha_calls(server: SocketAddr) -> BoxFuture<Result<u64, String>> {
     })
 }
 
+/// Key names that Redis, its glob patterns and the Lua scripts could treat specially:
+/// glob characters, hash-tag braces, Lua code and the suffix of a fencing counter.
+pub const HOSTILE_KEYS: &[&str] = &[
+    "*",
+    "a*",
+    "?",
+    "[a-z]",
+    "[",
+    "]",
+    "\\*",
+    "{",
+    "}",
+    "{tag}",
+    "}{",
+    "x{tag}y",
+    "{}",
+    "{a}{b}",
+    "with space",
+    " leading and trailing ",
+    "ünïcødé 🔒",
+    "日本語",
+    "redis.call('FLUSHALL')",
+    "--[[ lua ]]",
+    "]] .. os.exit() .. [[",
+    "%s%d%%",
+    "'\"`",
+    ":fence",
+    "x}:fence",
+];
+
 /// One private server.
 pub const REDIS: ServerStore = ServerStore {
     name: "redis",
@@ -188,7 +197,6 @@ pub const REDIS: ServerStore = ServerStore {
     url: |addrs, options| redis_url(addrs[0], options),
     connect: connect_url,
     connect_lazily: None,
-    residue,
     link_options: "",
     unreachable_options: "",
     wrong_password: Some(|addrs, password| format!("redis://{USER}:{password}@{}/0", addrs[0])),
@@ -196,6 +204,7 @@ pub const REDIS: ServerStore = ServerStore {
     renewal_requests: Some(evalsha_calls),
     shortest_ttl: DEFAULT_SHORTEST_TTL,
     end_session: None,
+    hostile_keys: HOSTILE_KEYS,
 };
 
 /// Five private servers under Redlock.
@@ -205,7 +214,6 @@ pub const REDLOCK: ServerStore = ServerStore {
     url: redlock_url,
     connect: connect_url,
     connect_lazily: None,
-    residue,
     // Node replies slower than the TTL but within the node time-out: the quorum answers,
     // too late.
     link_options: "node_timeout_ms=2000&response_timeout_ms=2000",
@@ -218,4 +226,5 @@ pub const REDLOCK: ServerStore = ServerStore {
     renewal_requests: Some(evalsha_calls),
     shortest_ttl: DEFAULT_SHORTEST_TTL,
     end_session: None,
+    hostile_keys: HOSTILE_KEYS,
 };

@@ -4,17 +4,21 @@
 //! PostgreSQL and MariaDB are started by the store-process fixture; when their binaries
 //! are missing, setup fails (never skips).
 
-#![allow(dead_code, clippy::unwrap_used)]
+// `unexpected_cfgs`: the SQL benchmark includes this module too, where lock-sql's
+// features are not features (its servers' counters are then left out).
+#![allow(dead_code, clippy::unwrap_used, unexpected_cfgs)]
 
 use std::sync::Arc;
 
 use conformance_tests::store_process::{
     StoreProcess, StoreSpec, MARIADB_DATABASE, MARIADB_PASSWORD, MARIADB_USER, POSTGRES_PASSWORD,
 };
-use conformance_tests::{BackendFactory, ServerStore};
+use conformance_tests::{BackendFactory, CountedStore, Failure, ServerStore};
 use lock_core::backend::{async_trait, DynBackend};
 use lock_sql::SqlBackend;
 use std::time::Duration;
+
+mod statements;
 
 /// A private database: a temp-dir SQLite file, or a server started for the test.
 pub struct Database {
@@ -90,12 +94,7 @@ impl Database {
 
     /// A conformance factory over this SQLite database (taking ownership of it).
     pub async fn into_factory(self) -> Result<Arc<dyn BackendFactory>, String> {
-        let observer = SqlBackend::connect(
-            lock_sql::SqlConfig::from_url(&self.url).map_err(|e| format!("{}: {e}", self.name))?,
-        )
-        .await
-        .map_err(|e| format!("connecting to {}: {e}", self.name))?;
-        Ok(Arc::new(SqliteFactory { db: self, observer }))
+        Ok(Arc::new(SqliteFactory { db: self }))
     }
 }
 
@@ -107,12 +106,54 @@ pub fn url_with(url: &str, params: &str) -> String {
     format!("{url}{sep}{params}")
 }
 
+/// Key names an SQL statement could take for SQL: quotes, comments, `LIKE` wildcards and
+/// escapes, placeholders, spaces and case that a collation may ignore.
+pub const HOSTILE_KEYS: &[&str] = &[
+    "'",
+    "''",
+    "\"",
+    "`",
+    "';--",
+    "'; DROP TABLE distlock_locks; --",
+    "--",
+    "/*",
+    "*/",
+    ";",
+    "%",
+    "_",
+    "a%",
+    "a_",
+    "\\",
+    "\\\\",
+    "\\'",
+    "\\%",
+    "\\_",
+    "$1",
+    "?",
+    "?1",
+    ":name",
+    "@x",
+    "NULL",
+    "0x00",
+    "ключ",
+    "🔒",
+    "é",
+    "e\u{301}",
+    " ",
+    "a ",
+    "A",
+    // The last character there is: a prefix ending in it has no successor of the same
+    // length (list_held's upper bound).
+    "\u{10ffff}",
+];
+
 /// A private PostgreSQL server for the conformance suite.
 pub const POSTGRES: ServerStore = ServerStore {
     name: "postgres",
     start: || Box::pin(start(StoreSpec::postgres)),
     url: |addrs, options| url_with(&postgres_url(addrs[0].port(), POSTGRES_PASSWORD), options),
     wrong_password: Some(|addrs, password| postgres_url(addrs[0].port(), password)),
+    renewal_requests: counters::POSTGRES,
     ..SERVER
 };
 
@@ -122,6 +163,7 @@ pub const MARIADB: ServerStore = ServerStore {
     start: || Box::pin(start(StoreSpec::mariadb)),
     url: |addrs, options| url_with(&mariadb_url(addrs[0].port(), MARIADB_PASSWORD), options),
     wrong_password: Some(|addrs, password| mariadb_url(addrs[0].port(), password)),
+    renewal_requests: counters::MARIADB,
     ..SERVER
 };
 
@@ -137,15 +179,6 @@ const SERVER: ServerStore = ServerStore {
         let backend = SqlBackend::new(lock_sql::SqlConfig::from_url(&url)?)?;
         Ok(Arc::new(backend) as DynBackend)
     }),
-    residue: |url, prefix| {
-        Box::pin(async move {
-            let config = lock_sql::SqlConfig::from_url(&url)?;
-            SqlBackend::connect(config)
-                .await?
-                .stored_keys(&prefix)
-                .await
-        })
-    },
     link_options: "",
     unreachable_options: "",
     wrong_password: None,
@@ -156,7 +189,68 @@ const SERVER: ServerStore = ServerStore {
     // failed now and then in CI). SQLite's factory is not a server's: it keeps 400 ms.
     shortest_ttl: Duration::from_secs(1),
     end_session: None,
+    hostile_keys: HOSTILE_KEYS,
 };
+
+/// Requests that can renew leases, as the servers count them.
+mod counters {
+    use conformance_tests::factory::{BoxFuture, CountResult};
+    use std::net::SocketAddr;
+
+    type Counter = Option<fn(SocketAddr) -> BoxFuture<CountResult>>;
+
+    /// `UPDATE` statements on the default lock table, counted by a statement-level
+    /// trigger that the first call installs: the statistics views would not do, as each
+    /// session flushes its counts to them only now and then.
+    #[cfg(feature = "postgres")]
+    pub const POSTGRES: Counter = Some(|server| {
+        Box::pin(async move {
+            use sqlx::Connection;
+            let url = super::postgres_url(server.port(), super::POSTGRES_PASSWORD);
+            let mut conn = sqlx::PgConnection::connect(&url)
+                .await
+                .map_err(|e| e.to_string())?;
+            sqlx::raw_sql(include_str!("count_updates.sql"))
+                .execute(&mut conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            let count: i64 = sqlx::query_scalar("SELECT n FROM distlock_test_updates")
+                .fetch_one(&mut conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            u64::try_from(count).map_err(|e| e.to_string())
+        })
+    });
+    #[cfg(not(feature = "postgres"))]
+    pub const POSTGRES: Counter = None;
+
+    /// `UPDATE` statements the server ran (the batch joins a JSON table: a multi-table
+    /// update), from its global status, which sums every session's at once.
+    #[cfg(feature = "mysql")]
+    pub const MARIADB: Counter = Some(|server| {
+        Box::pin(async move {
+            use sqlx::{Connection, Row};
+            let url = super::mariadb_url(server.port(), super::MARIADB_PASSWORD);
+            let mut conn = sqlx::MySqlConnection::connect(&url)
+                .await
+                .map_err(|e| e.to_string())?;
+            let rows = sqlx::query(
+                "SHOW GLOBAL STATUS WHERE Variable_name IN ('Com_update', 'Com_update_multi')",
+            )
+            .fetch_all(&mut conn)
+            .await
+            .map_err(|e| e.to_string())?;
+            let mut total = 0;
+            for row in rows {
+                let value: String = row.try_get(1).map_err(|e| e.to_string())?;
+                total += value.parse::<u64>().map_err(|e| format!("{value}: {e}"))?;
+            }
+            Ok(total)
+        })
+    });
+    #[cfg(not(feature = "mysql"))]
+    pub const MARIADB: Counter = None;
+}
 
 async fn start(spec: fn() -> StoreSpec) -> Result<Vec<StoreProcess>, String> {
     let server = StoreProcess::start(spec())
@@ -176,7 +270,6 @@ fn mariadb_url(port: u16, password: &str) -> String {
 /// SQLite has no server: clients of one file.
 struct SqliteFactory {
     db: Database,
-    observer: SqlBackend,
 }
 
 #[async_trait]
@@ -189,11 +282,52 @@ impl BackendFactory for SqliteFactory {
         lock_sql::connect(&self.db.url).await
     }
 
-    async fn residue(&self, prefix: &str) -> lock_core::Result<Vec<String>> {
-        self.observer.stored_keys(prefix).await
+    fn hostile_keys(&self) -> &'static [&'static str] {
+        HOSTILE_KEYS
+    }
+
+    fn counts_renewal_requests(&self) -> bool {
+        true
+    }
+
+    async fn counted_store(&self) -> Option<Result<Box<dyn CountedStore>, Failure>> {
+        Some(CountedSqlite::start().await.map_err(Failure))
     }
 
     fn process_url(&self) -> Option<String> {
         Some(self.db.url.clone())
+    }
+}
+
+/// A SQLite database of its own whose lock table's `UPDATE` statements are counted.
+struct CountedSqlite {
+    /// Keeps the file.
+    _db: Database,
+    url: String,
+    table: String,
+}
+
+impl CountedSqlite {
+    async fn start() -> Result<Box<dyn CountedStore>, String> {
+        let db = Database::sqlite().await?;
+        // The count is by table name: the other scenarios use the default table.
+        let table = "counted_locks".to_owned();
+        statements::watch(&table)?;
+        Ok(Box::new(CountedSqlite {
+            url: db.url_with(&format!("table={table}")),
+            _db: db,
+            table,
+        }))
+    }
+}
+
+#[async_trait]
+impl CountedStore for CountedSqlite {
+    async fn connect(&self) -> lock_core::Result<DynBackend> {
+        lock_sql::connect(&self.url).await
+    }
+
+    async fn renewal_requests(&self) -> Result<Vec<u64>, String> {
+        Ok(vec![statements::updates(&self.table)?])
     }
 }

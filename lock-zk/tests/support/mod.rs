@@ -13,7 +13,6 @@ use conformance_tests::store_process::{
 };
 use conformance_tests::ServerStore;
 use lock_core::backend::DynBackend;
-use lock_zk::{ZkBackend, ZkConfig};
 
 /// Starts a private standalone server; a missing server is an error, never a skip.
 pub async fn start_zookeeper() -> StoreProcess {
@@ -120,14 +119,6 @@ pub const ENSEMBLE: ServerStore = ServerStore {
     url: zk_url,
     connect: |url| Box::pin(async move { lock_zk::connect(&url).await }),
     connect_lazily: None,
-    residue: |url, prefix| {
-        Box::pin(async move {
-            ZkBackend::connect(&ZkConfig::from_url(&url)?)
-                .await?
-                .stored_keys(&prefix)
-                .await
-        })
-    },
     link_options: "",
     unreachable_options: "",
     wrong_password: Some(|addrs, password| url_as(&format!("app:{password}@"), addrs, "")),
@@ -140,6 +131,22 @@ pub const ENSEMBLE: ServerStore = ServerStore {
     // unpinged; ending it from outside takes its id and password, which lock-zk does not
     // expose, so the session-end scenario does not apply.
     end_session: None,
+    // Path separators and segments, reserved names, escapes, and characters ZooKeeper
+    // refuses in a path (private use, U+FFF0.., outside the Basic Multilingual Plane).
+    hostile_keys: &[
+        "/",
+        "..",
+        ".",
+        "zookeeper",
+        "a/../b",
+        "%2F",
+        "日本語",
+        "😀",
+        "\u{e000}",
+        "\u{fff0}",
+        " ",
+        "*",
+    ],
 };
 
 /// A three-server ensemble whose quorum links (each follower's connection to the leader)
