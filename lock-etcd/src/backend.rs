@@ -64,7 +64,9 @@ impl EtcdBackend {
     /// and that it accepts the credentials. Each step of connecting (reaching a member,
     /// the HTTP/2 handshake, authentication, the member's status) is bounded by the
     /// connect time-out; the first read of the lock namespace by the request time-out.
+    /// Outside a Tokio runtime it is [`ErrorKind::InvalidInput`].
     pub async fn connect(config: &EtcdConfig) -> Result<Self> {
+        lock_core::backend::require_runtime("etcd")?;
         let mut options = ConnectOptions::new()
             .with_connect_timeout(config.connect_timeout)
             // Notices a silently dead connection, so keep-alives move to a new one. etcd

@@ -160,8 +160,10 @@ impl RedlockBackend {
     ///
     /// Fails only when a majority cannot be reached (with the first such error, e.g.
     /// [`ErrorKind::Unavailable`] or [`ErrorKind::PermissionDenied`]); the other nodes are
-    /// connected lazily when they come back.
+    /// connected lazily when they come back. Outside a Tokio runtime it is
+    /// [`ErrorKind::InvalidInput`].
     pub async fn connect(config: &RedisConfig) -> Result<Self> {
+        lock_core::backend::require_runtime("redis")?;
         config.validate()?;
         let options = NodeOptions::new(config);
         let nodes = config

@@ -43,7 +43,7 @@ pub use request::AcquireRequest;
 pub use retry::{supervise, unanswered, Progress, Restarts};
 pub use session::{Session, SessionKeeper, SessionStatus};
 pub use session_pool::{PooledSession, SessionKind, SessionNews, SessionPool, SessionStore};
-pub use store::{Connecting, Store};
+pub use store::{require_runtime, Connecting, Store};
 pub use store_url::{redact_url, redact_url_in, StoreHost, StoreUrl};
 pub use support::with_timeout;
 use support::within;
