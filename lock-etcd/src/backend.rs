@@ -104,7 +104,7 @@ impl EtcdBackend {
         let keys = KeySpace::new(&config.prefix, config.layout);
         let probe = GetOptions::new().with_limit(1).with_keys_only();
         let what = "reading the lock namespace";
-        with_timeout(bound, what, async {
+        with_timeout("etcd", bound, what, async {
             let read = client.kv_client().get(keys.root(), Some(probe)).await;
             read.map_err(|err| into_error(err, what))
         })
@@ -151,7 +151,7 @@ impl EtcdBackend {
         what: &str,
         request: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
     ) -> Result<T> {
-        with_timeout(self.inner.request_timeout, what, async {
+        with_timeout("etcd", self.inner.request_timeout, what, async {
             request.await.map_err(|err| into_error(err, what))
         })
         .await
@@ -167,7 +167,7 @@ impl EtcdBackend {
         txn: Txn,
         sending: Option<Sending<'_>>,
     ) -> Result<TxnResponse> {
-        let sent = with_timeout(self.inner.request_timeout, what, async {
+        let sent = with_timeout("etcd", self.inner.request_timeout, what, async {
             Ok(self.kv().txn(txn).await)
         })
         .await?;
@@ -320,7 +320,7 @@ impl EtcdBackend {
             self.inner.attempts.retired(lease_id);
             return Ok(Ownership::NotHeld);
         };
-        let sent = with_timeout(self.inner.request_timeout, "releasing", async {
+        let sent = with_timeout("etcd", self.inner.request_timeout, "releasing", async {
             Ok(self.kv().txn(first).await)
         })
         .await?;
@@ -423,7 +423,7 @@ impl EtcdBackend {
         let mut leases = self.inner.client.lease_client();
         let chosen = LeaseGrantOptions::new().with_id(id);
         let what = "granting a record's lease";
-        let granted = with_timeout(self.inner.request_timeout, what, async {
+        let granted = with_timeout("etcd", self.inner.request_timeout, what, async {
             Ok(leases.grant(seconds, Some(chosen)).await)
         })
         .await?;

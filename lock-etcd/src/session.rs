@@ -195,7 +195,8 @@ impl SessionStore for EtcdStore {
                 .await
                 .map_err(|err| into_error(err, "granting a lease"))
         };
-        let granted = with_timeout(self.request_timeout, "granting a lease", granting).await?;
+        let granted =
+            with_timeout("etcd", self.request_timeout, "granting a lease", granting).await?;
         tracing::debug!(lease = granted.id(), ?kind, ?ttl, "etcd lease granted");
         Ok(EtcdSession::new(
             granted.id(),
@@ -208,7 +209,7 @@ impl SessionStore for EtcdStore {
     /// over one stream that stays open.
     async fn keep_alive(&self, session: &EtcdSession) -> SessionNews {
         let opening = async { Ok(self.client.lease_client().keep_alive(session.lease).await) };
-        match with_timeout(self.request_timeout, "a keep-alive", opening).await {
+        match with_timeout("etcd", self.request_timeout, "a keep-alive", opening).await {
             Ok(Ok(_)) => SessionNews::Alive,
             Ok(Err(err)) if is_lease_not_found(&err) => SessionNews::Ended,
             _ => SessionNews::Unanswered,
@@ -257,7 +258,7 @@ impl SessionStore for EtcdStore {
 /// Revokes an etcd lease: `false` when the store no longer had it.
 async fn revoke(client: &Client, lease: i64, bound: Duration) -> Result<bool> {
     let revoking = async { Ok(client.lease_client().revoke(lease).await) };
-    match with_timeout(bound, "revoking a lease", revoking).await? {
+    match with_timeout("etcd", bound, "revoking a lease", revoking).await? {
         Ok(_) => Ok(true),
         Err(err) if is_lease_not_found(&err) => Ok(false),
         Err(err) => {
@@ -511,7 +512,7 @@ fn open_attempt(client: &Client, lease: i64, bound: Duration) -> OpenAttempt {
     Box::pin(async move {
         let sent_at = Instant::now();
         let opening = async { Ok(client.lease_client().keep_alive(lease).await) };
-        let opened = with_timeout(bound, "keeping a lease alive", opening).await;
+        let opened = with_timeout("etcd", bound, "keeping a lease alive", opening).await;
         (sent_at, opened)
     })
 }

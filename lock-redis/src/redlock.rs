@@ -264,8 +264,8 @@ impl RedlockBackend {
         let timeout = self.inner.node_timeout;
         join_all(self.inner.nodes.iter().enumerate().map(|(index, node)| {
             let pending = operation(index, node);
-            let what = format!("{what} on redis {}", node.shown());
-            async move { with_timeout(timeout, &what, pending).await }
+            let store = format!("redis {}", node.shown());
+            async move { with_timeout(&store, timeout, what, pending).await }
         }))
         .await
     }

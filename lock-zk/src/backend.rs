@@ -584,6 +584,7 @@ async fn end_unrenewed(inner: Weak<Inner>, lease: LeaseId, own: Own, keeper: Arc
                     return Ok(Ownership::NotHeld);
                 };
                 with_timeout(
+                    "zookeeper",
                     own.session.ttl,
                     "deleting the lock node",
                     delete_node(&client, &path),

@@ -141,7 +141,7 @@ impl SessionStore for ZkStore {
             };
             Ok(answered.await)
         };
-        match with_timeout(session.ttl, "a keep-alive", proof).await {
+        match with_timeout("zookeeper", session.ttl, "a keep-alive", proof).await {
             Ok(Ok(_)) => SessionNews::Alive,
             Ok(Err(err)) if ends_session(&err) => SessionNews::Ended,
             _ => SessionNews::Unanswered,
@@ -223,7 +223,13 @@ pub(crate) async fn connect(config: &ZkConfig, timeout: Duration) -> Result<Clie
             .await
             .map_err(|err| into_error(err, "connecting"))
     };
-    with_timeout(config.connect_timeout, "the session request", connecting).await
+    with_timeout(
+        "zookeeper",
+        config.connect_timeout,
+        "the session request",
+        connecting,
+    )
+    .await
 }
 
 #[cfg(test)]

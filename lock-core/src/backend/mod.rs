@@ -424,6 +424,7 @@ impl<B: LockBackend + ?Sized> LockBackendExt for B {
         let sent_at = Instant::now();
         let reply = request
             .attempt(within(
+                self.name(),
                 sent_at,
                 timeout,
                 "acquire",
@@ -445,6 +446,7 @@ impl<B: LockBackend + ?Sized> LockBackendExt for B {
         let sent_at = Instant::now();
         let turn = request
             .attempt(within(
+                self.name(),
                 sent_at,
                 timeout,
                 "acquire",
@@ -464,7 +466,7 @@ impl<B: LockBackend + ?Sized> LockBackendExt for B {
         self.capabilities().check_ttl(ttl)?;
         let sent_at = Instant::now();
         let renewed = self.renew(lease.key(), lease.id(), self.capabilities().store_ttl(ttl));
-        match within(sent_at, timeout, "renew", renewed).await? {
+        match within(self.name(), sent_at, timeout, "renew", renewed).await? {
             Ownership::Held => Ok(lease.renewed(ttl, sent_at)),
             Ownership::NotHeld => Err(Error::lost(format!(
                 "lease on {:?} is no longer held",
@@ -475,7 +477,7 @@ impl<B: LockBackend + ?Sized> LockBackendExt for B {
 
     async fn release_lease(&self, lease: &Lease, timeout: Duration) -> Result<ReleaseOutcome> {
         let released = self.release(lease.key(), lease.id());
-        match within(Instant::now(), timeout, "release", released).await? {
+        match within(self.name(), Instant::now(), timeout, "release", released).await? {
             Ownership::Held => Ok(ReleaseOutcome::Released),
             Ownership::NotHeld => not_held_outcome(lease),
         }

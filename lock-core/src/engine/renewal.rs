@@ -516,7 +516,7 @@ impl Engine {
         );
         let call = async move {
             let sent_at = Instant::now();
-            let answer = with_timeout(timeout, "renew", async {
+            let answer = with_timeout(backend.name(), timeout, "renew", async {
                 Ok(backend.renew_many(&items).await)
             })
             .await;
