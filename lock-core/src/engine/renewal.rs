@@ -617,8 +617,8 @@ mod tests {
     use async_trait::async_trait;
 
     use crate::backend::{
-        AcquireRequest, Capabilities, Grant, HolderInfo, LeaseRenewal, Liveness, LockBackend,
-        Ownership, SessionKeeper,
+        lock_unpoisoned, AcquireRequest, Capabilities, Grant, HolderInfo, LeaseRenewal, Liveness,
+        LockBackend, Ownership, SessionKeeper,
     };
     use crate::values::error::Result;
     use crate::values::key::LockKey;
@@ -656,14 +656,11 @@ mod tests {
         }
 
         fn note(&self, what: &'static str, ttl: Duration) {
-            self.asked
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push((what, ttl));
+            lock_unpoisoned(&self.asked).push((what, ttl));
         }
 
         fn asked(&self, what: &str) -> Vec<Duration> {
-            let asked = self.asked.lock().unwrap_or_else(|p| p.into_inner());
+            let asked = lock_unpoisoned(&self.asked);
             asked
                 .iter()
                 .filter(|(op, _)| *op == what)
