@@ -12,12 +12,13 @@ use std::time::{Duration, Instant};
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use lock_core::backend::{
-    async_trait, lock_unpoisoned as lock, with_timeout, AcquireRequest, PooledSession, Restarts,
-    SessionKeeper, SessionKind, SessionNews, SessionPool, SessionStore,
+    async_trait, lock_unpoisoned as lock, with_timeout, AcquireRequest, KeepAliveSpan,
+    PooledSession, Restarts, SessionKeeper, SessionKind, SessionNews, SessionPool, SessionStore,
 };
 use lock_core::{Backoff, Error, ErrorKind, LeaseId, Result};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{sleep_until, Instant as TokioInstant};
+use tracing::Instrument;
 
 use crate::error::{into_error, is_lease_not_found};
 
@@ -184,6 +185,10 @@ struct EtcdStore {
 impl SessionStore for EtcdStore {
     type Session = EtcdSession;
 
+    fn name(&self) -> &'static str {
+        "etcd"
+    }
+
     /// Grants an etcd lease of `ttl` (whole seconds).
     async fn open(&self, kind: SessionKind, ttl: Duration) -> Result<EtcdSession> {
         let sent_at = Instant::now();
@@ -209,17 +214,14 @@ impl SessionStore for EtcdStore {
     /// over one stream that stays open.
     async fn keep_alive(&self, session: &EtcdSession) -> SessionNews {
         let opening = async { Ok(self.client.lease_client().keep_alive(session.lease).await) };
-        match with_timeout("etcd", self.request_timeout, "a keep-alive", opening).await {
-            Ok(Ok(_)) => SessionNews::Alive,
-            Ok(Err(err)) if is_lease_not_found(&err) => SessionNews::Ended,
-            _ => SessionNews::Unanswered,
-        }
+        news_of(&with_timeout("etcd", self.request_timeout, "a keep-alive", opening).await)
     }
 
     async fn serve(self: Arc<Self>, kind: SessionKind, session: Weak<EtcdSession>) {
-        let Some((pinged, ttl)) = session.upgrade().and_then(|current| {
+        let Some((pinged, ttl, id)) = session.upgrade().and_then(|current| {
             let pinged = lock(&current.pinged).take()?;
-            Some((pinged, current.keeper.status().ttl))
+            let id = current.keeper.session().id();
+            Some((pinged, current.keeper.status().ttl, id))
         }) else {
             return;
         };
@@ -235,6 +237,7 @@ impl SessionStore for EtcdStore {
                 stale_after: (ttl * 3).max(self.request_timeout),
                 ticking: kind.kept_alive(),
             },
+            trips: Trips { kind, session: id },
             pinged,
             stream: None,
             opens: FuturesUnordered::new(),
@@ -278,12 +281,43 @@ struct KeepAliveTiming {
     ticking: bool,
 }
 
+/// What the `distlock.keep_alive` span of each keep-alive of one session names.
+#[derive(Clone, Copy)]
+struct Trips {
+    kind: SessionKind,
+    session: u64,
+}
+
+impl Trips {
+    /// The span of a keep-alive sent now.
+    fn start(self) -> KeepAliveSpan {
+        KeepAliveSpan::new("etcd", self.kind, self.session)
+    }
+}
+
+/// A keep-alive sent on a stream and not answered yet.
+struct Sent {
+    at: Instant,
+    /// The renewal waiting for it, if any.
+    ping: Option<Ping>,
+    trip: KeepAliveSpan,
+}
+
+impl Sent {
+    /// Ends the round trip with what it heard; the renewal waiting for it is for the
+    /// caller to answer.
+    fn heard(self, news: SessionNews) -> Option<Ping> {
+        self.trip.heard(news);
+        self.ping
+    }
+}
+
 /// The open keep-alive stream of a session and the keep-alives sent on it and not yet
 /// answered, oldest first (etcd answers a stream's keep-alives in order).
 struct Stream {
     keeper: LeaseKeeper,
     replies: LeaseKeepAliveStream,
-    pending: VecDeque<(Instant, Option<Ping>)>,
+    pending: VecDeque<Sent>,
 }
 
 /// Keeps one session alive over one stream, reopened when it breaks. Reports every
@@ -294,6 +328,7 @@ struct KeepAlive {
     client: Client,
     session: Weak<EtcdSession>,
     timing: KeepAliveTiming,
+    trips: Trips,
     pinged: mpsc::UnboundedReceiver<Ping>,
     stream: Option<Stream>,
     /// Opens still under way after another one won: their answers count too.
@@ -331,6 +366,7 @@ impl KeepAlive {
             &self.client,
             lease,
             self.timing,
+            self.trips,
             &mut self.opens,
             &mut self.pinged,
             &mut self.waiting,
@@ -348,7 +384,7 @@ impl KeepAlive {
                 let open = self.stream.insert(*open);
                 let mut later = later.into_iter();
                 for ping in later.by_ref() {
-                    if !send(open, Some(ping)).await {
+                    if !send(open, Some(ping), self.trips.start()).await {
                         broken(
                             &self.session,
                             &mut self.stream,
@@ -404,7 +440,7 @@ impl KeepAlive {
         let stale_at = open
             .pending
             .front()
-            .map(|(sent, _)| TokioInstant::from_std(*sent) + self.timing.stale_after);
+            .map(|sent| TokioInstant::from_std(sent.at) + self.timing.stale_after);
         tokio::select! {
             () = sleep_until(self.next_tick), if self.timing.ticking => {
                 self.next_tick += self.timing.interval;
@@ -413,12 +449,12 @@ impl KeepAlive {
                         current.keeper.disconnected();
                     }
                 }
-                if !send(open, None).await {
+                if !send(open, None, self.trips.start()).await {
                     broken(session, &mut self.stream, "the keep-alive stream closed");
                 }
             }
             ping = self.pinged.recv() => {
-                if !send(open, Some(ping?)).await {
+                if !send(open, Some(ping?), self.trips.start()).await {
                     broken(session, &mut self.stream, "the keep-alive stream closed");
                 }
             }
@@ -446,17 +482,18 @@ impl KeepAlive {
                     let current = session.upgrade()?;
                     if reply.ttl() <= 0 {
                         current.ended();
-                        answer_all(self.stream.take(), Ok(false), answered.and_then(|(_, ping)| ping));
+                        let ping = answered.and_then(|sent| sent.heard(SessionNews::Ended));
+                        answer_all(self.stream.take(), Ok(false), ping);
                         return None;
                     }
                     // etcd answers only what was sent, so an answer with nothing
                     // outstanding proves nothing about when the lease was kept alive.
-                    let Some((sent_at, ping)) = answered else {
+                    let Some(sent) = answered else {
                         tracing::debug!(lease, "keep-alive answer with none outstanding; ignored");
                         return Some(());
                     };
-                    current.keeper.kept_alive(sent_at);
-                    if let Some(ping) = ping {
+                    current.keeper.kept_alive(sent.at);
+                    if let Some(ping) = sent.heard(SessionNews::Alive) {
                         ping.reply(Ok(true));
                     }
                 }
@@ -507,14 +544,27 @@ type OpenAttempt = Pin<
     >,
 >;
 
-fn open_attempt(client: &Client, lease: i64, bound: Duration) -> OpenAttempt {
+/// Opening a stream sends its first keep-alive: a round trip of its own (`trip`).
+fn open_attempt(client: &Client, lease: i64, bound: Duration, trip: KeepAliveSpan) -> OpenAttempt {
     let client = client.clone();
     Box::pin(async move {
         let sent_at = Instant::now();
         let opening = async { Ok(client.lease_client().keep_alive(lease).await) };
-        let opened = with_timeout("etcd", bound, "keeping a lease alive", opening).await;
+        let opened = with_timeout("etcd", bound, "keeping a lease alive", opening)
+            .instrument(trip.span().clone())
+            .await;
+        trip.heard(news_of(&opened));
         (sent_at, opened)
     })
+}
+
+/// What a keep-alive's answer (or its absence) says of the session.
+fn news_of<T>(answer: &Result<std::result::Result<T, etcd_client::Error>>) -> SessionNews {
+    match answer {
+        Ok(Ok(_)) => SessionNews::Alive,
+        Ok(Err(err)) if is_lease_not_found(err) => SessionNews::Ended,
+        _ => SessionNews::Unanswered,
+    }
 }
 
 /// Opens a keep-alive stream; opening sends its first keep-alive and waits for the answer,
@@ -526,11 +576,17 @@ async fn open_stream(
     client: &Client,
     lease: i64,
     timing: KeepAliveTiming,
+    trips: Trips,
     attempts: &mut FuturesUnordered<OpenAttempt>,
     pinged: &mut mpsc::UnboundedReceiver<Ping>,
     waiting: &mut Vec<Ping>,
 ) -> Opened {
-    attempts.push(open_attempt(client, lease, timing.request_timeout));
+    attempts.push(open_attempt(
+        client,
+        lease,
+        timing.request_timeout,
+        trips.start(),
+    ));
     let mut hedge_at = TokioInstant::now() + timing.interval;
     loop {
         tokio::select! {
@@ -556,7 +612,7 @@ async fn open_stream(
                 }
             },
             () = sleep_until(hedge_at), if timing.ticking && attempts.len() < 3 => {
-                attempts.push(open_attempt(client, lease, timing.request_timeout));
+                attempts.push(open_attempt(client, lease, timing.request_timeout, trips.start()));
                 hedge_at += timing.interval;
             }
             ping = pinged.recv() => match ping {
@@ -567,17 +623,25 @@ async fn open_stream(
     }
 }
 
-/// Sends one keep-alive on the stream; `false` when the stream is closed.
-async fn send(open: &mut Stream, ping: Option<Ping>) -> bool {
-    let sent_at = Instant::now();
-    if open.keeper.keep_alive().await.is_err() {
-        if let Some(ping) = ping {
-            open.pending.push_back((sent_at, Some(ping)));
-        }
+/// Sends one keep-alive (its round trip `trip`) on the stream; `false` when the stream is
+/// closed.
+async fn send(open: &mut Stream, ping: Option<Ping>, trip: KeepAliveSpan) -> bool {
+    let sent = Sent {
+        at: Instant::now(),
+        ping,
+        trip,
+    };
+    let written = open
+        .keeper
+        .keep_alive()
+        .instrument(sent.trip.span().clone())
+        .await;
+    if written.is_err() && sent.ping.is_none() {
+        sent.heard(SessionNews::Unanswered);
         return false;
     }
-    open.pending.push_back((sent_at, ping));
-    true
+    open.pending.push_back(sent);
+    written.is_ok()
 }
 
 /// Drops a broken stream: the session counts as disconnected until a new one answers,
@@ -594,11 +658,18 @@ fn broken(session: &Weak<EtcdSession>, stream: &mut Option<Stream>, why: &'stati
     );
 }
 
+/// Answers every renewal waiting on `stream` (and `extra`) with `answer`, which ends the
+/// round trips still pending: `Ok(false)` as the session ended, an error as unanswered.
 fn answer_all(stream: Option<Stream>, answer: Result<bool>, extra: Option<Ping>) {
+    let news = match &answer {
+        Ok(true) => SessionNews::Alive,
+        Ok(false) => SessionNews::Ended,
+        Err(_) => SessionNews::Unanswered,
+    };
     let pending = stream.map(|s| s.pending).unwrap_or_default();
     for ping in pending
         .into_iter()
-        .filter_map(|(_, ping)| ping)
+        .filter_map(|sent| sent.heard(news))
         .chain(extra)
     {
         ping.reply(answer.clone());

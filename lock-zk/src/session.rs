@@ -117,6 +117,10 @@ struct ZkStore {
 impl SessionStore for ZkStore {
     type Session = ZkSession;
 
+    fn name(&self) -> &'static str {
+        "zookeeper"
+    }
+
     async fn open(&self, _kind: SessionKind, ttl: Duration) -> Result<ZkSession> {
         open_session(&self.config, ttl).await
     }

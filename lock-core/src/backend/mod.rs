@@ -42,7 +42,9 @@ pub use record::{Record, MAX_RETENTION};
 pub use request::AcquireRequest;
 pub use retry::{supervise, unanswered, Progress, Restarts};
 pub use session::{Session, SessionKeeper, SessionStatus};
-pub use session_pool::{PooledSession, SessionKind, SessionNews, SessionPool, SessionStore};
+pub use session_pool::{
+    KeepAliveSpan, PooledSession, SessionKind, SessionNews, SessionPool, SessionStore,
+};
 pub use store::{require_runtime, Connecting, Store};
 pub use store_url::{redact_url, redact_url_in, StoreHost, StoreUrl};
 pub use support::with_timeout;

@@ -172,3 +172,26 @@ pub const CLUSTER: ServerStore = ServerStore {
     renewal_requests: None,
     shortest_ttl: DEFAULT_SHORTEST_TTL,
 };
+
+/// What a test's tracing subscriber wrote (each test installing one runs in a binary of
+/// its own: the subscriber is the process's global one).
+#[derive(Clone, Default)]
+pub struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Logs {
+    /// Everything written so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
