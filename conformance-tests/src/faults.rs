@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use lock_core::backend::async_trait;
 use lock_core::backend::{
-    AcquireRequest, Change, DynBackend, Grant, HolderInfo, KeyWatch, LeaseRenewal, LockBackend,
-    Ownership, Record, Turn,
+    lock_unpoisoned, AcquireRequest, Change, DynBackend, Grant, HolderInfo, KeyWatch, LeaseRenewal,
+    LockBackend, Ownership, Record, Turn,
 };
 use lock_core::{Capabilities, Error, ErrorKind, LeaseId, LockKey, Result};
 
@@ -144,17 +144,11 @@ impl FaultyBackend {
     /// How many distinct acquisitions (lease ids) have reached the store through this
     /// client: each is one remote waiter or holder.
     pub fn acquisitions_seen(&self) -> usize {
-        self.attempted_by
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .len()
+        lock_unpoisoned(&self.attempted_by).len()
     }
 
     fn attempted(&self, request: &AcquireRequest) {
-        self.attempted_by
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .insert(request.lease_id());
+        lock_unpoisoned(&self.attempted_by).insert(request.lease_id());
     }
 
     /// Calls of every operation together.
@@ -163,9 +157,7 @@ impl FaultyBackend {
     }
 
     fn rules(&self) -> std::sync::MutexGuard<'_, HashMap<Op, Rule>> {
-        self.rules
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock_unpoisoned(&self.rules)
     }
 
     /// Counts the call and takes the fault in force for it, if any.

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lock_core::backend::DynBackend;
+use lock_core::backend::{lock_unpoisoned, DynBackend};
 use lock_core::{AcquireOptions, Capabilities, LockClient, LockKey};
 
 pub use crate::factory::BackendFactory;
@@ -102,10 +102,7 @@ impl Ctx {
     pub fn key(&self, name: &str) -> String {
         let key = format!("{}{name}", self.prefix);
         if let Ok(parsed) = LockKey::new(&key) {
-            self.keys
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(parsed);
+            lock_unpoisoned(&self.keys).push(parsed);
         }
         key
     }
@@ -175,7 +172,7 @@ impl Ctx {
 
     /// Releases whatever live lease the scenario's keys still have.
     pub async fn cleanup(&self) {
-        let keys = std::mem::take(&mut *self.keys.lock().unwrap_or_else(|p| p.into_inner()));
+        let keys = std::mem::take(&mut *lock_unpoisoned(&self.keys));
         let Ok(backend) = self.factory.connect().await else {
             return;
         };

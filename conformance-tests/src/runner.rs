@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use libtest_mimic::{Arguments, Failed, Trial};
+use lock_core::backend::lock_unpoisoned as lock;
 use lock_core::backend::Store;
 
 use crate::harness::{BackendFactory, Ctx};
@@ -168,8 +169,4 @@ fn print_summary(report: &BTreeMap<(String, &'static str), Status>) {
             println!("  {name:<width$}  {backend:<12} {shown}");
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }

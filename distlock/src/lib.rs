@@ -164,10 +164,7 @@ fn named_memory_store(name: &str) -> MemoryBackend {
         return MemoryBackend::new();
     }
     static STORES: OnceLock<Mutex<HashMap<String, MemoryBackend>>> = OnceLock::new();
-    let mut stores = STORES
-        .get_or_init(Mutex::default)
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut stores = backend::lock_unpoisoned(STORES.get_or_init(Mutex::default));
     stores.entry(name.to_string()).or_default().clone()
 }
 

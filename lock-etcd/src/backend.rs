@@ -64,7 +64,9 @@ impl EtcdBackend {
     /// and that it accepts the credentials. Each step of connecting (reaching a member,
     /// the HTTP/2 handshake, authentication, the member's status) is bounded by the
     /// connect time-out; the first read of the lock namespace by the request time-out.
+    /// Outside a Tokio runtime it is [`ErrorKind::InvalidInput`].
     pub async fn connect(config: &EtcdConfig) -> Result<Self> {
+        lock_core::backend::require_runtime("etcd")?;
         let mut options = ConnectOptions::new()
             .with_connect_timeout(config.connect_timeout)
             // Notices a silently dead connection, so keep-alives move to a new one. etcd
@@ -102,7 +104,7 @@ impl EtcdBackend {
         let keys = KeySpace::new(&config.prefix, config.layout);
         let probe = GetOptions::new().with_limit(1).with_keys_only();
         let what = "reading the lock namespace";
-        with_timeout(bound, what, async {
+        with_timeout("etcd", bound, what, async {
             let read = client.kv_client().get(keys.root(), Some(probe)).await;
             read.map_err(|err| into_error(err, what))
         })
@@ -130,7 +132,7 @@ impl EtcdBackend {
         what: &str,
         request: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
     ) -> Result<T> {
-        with_timeout(self.inner.request_timeout, what, async {
+        with_timeout("etcd", self.inner.request_timeout, what, async {
             request.await.map_err(|err| into_error(err, what))
         })
         .await
@@ -146,7 +148,7 @@ impl EtcdBackend {
         txn: Txn,
         sending: Option<Sending<'_>>,
     ) -> Result<TxnResponse> {
-        let sent = with_timeout(self.inner.request_timeout, what, async {
+        let sent = with_timeout("etcd", self.inner.request_timeout, what, async {
             Ok(self.kv().txn(txn).await)
         })
         .await?;
@@ -266,7 +268,46 @@ impl EtcdBackend {
             .iter()
             .map(|session| self.tombstone(session, lease_id))
             .collect();
-        let target = match self.inner.keys.known_entry(key, lease_id) {
+        let target = self.release_target(key, lease_id).await?;
+        let txn =
+            |tombstones: &[TxnOp]| release_txn(target.as_ref(), retire.only_if_absent, tombstones);
+        let Some(first) = txn(&tombstones) else {
+            self.inner.attempts.retired(lease_id);
+            return Ok(Ownership::NotHeld);
+        };
+        let sent = with_timeout("etcd", self.inner.request_timeout, "releasing", async {
+            Ok(self.kv().txn(first).await)
+        })
+        .await?;
+        let done = match sent {
+            Ok(done) => Some(done),
+            // The lease of a session a tombstone was for is gone, and with it every entry
+            // and every later write on it: leave the others' one by one, then delete.
+            Err(err) if is_lease_not_found(&err) => {
+                self.leave_tombstones_one_by_one(&retire.sessions, lease_id)
+                    .await?;
+                match txn(&[]) {
+                    Some(plain) => Some(self.call("releasing", self.kv().txn(plain)).await?),
+                    None => None,
+                }
+            }
+            Err(err) => return Err(into_error(err, "releasing")),
+        };
+        self.inner.attempts.retired(lease_id);
+        Ok(Ownership::held_if(
+            target.is_some() && done.is_some_and(|done| done.succeeded()),
+        ))
+    }
+
+    /// The entry of `lease_id` on `key` that a release deletes, with the comparison that
+    /// it is still that acquisition's: by its name where it is known, else by its value
+    /// (found by [`locate`](Self::locate)). `None` when the key has no such entry.
+    async fn release_target(
+        &self,
+        key: &LockKey,
+        lease_id: LeaseId,
+    ) -> Result<Option<(Vec<u8>, Compare)>> {
+        Ok(match self.inner.keys.known_entry(key, lease_id) {
             Some(entry) => Some((
                 entry.clone(),
                 Compare::create_revision(entry, CompareOp::Greater, 0),
@@ -277,55 +318,25 @@ impl EtcdBackend {
                     Compare::value(kv.key().to_vec(), CompareOp::Equal, kv.value().to_vec()),
                 )
             }),
-        };
-        let found = target.is_some();
-        let txn = |tombstones: &[TxnOp]| match &target {
-            Some((entry, guard)) => {
-                let mut then = vec![TxnOp::delete(entry.clone(), None)];
-                if !retire.only_if_absent {
-                    then.extend_from_slice(tombstones);
-                }
-                Some(
-                    Txn::new()
-                        .when([guard.clone()])
-                        .and_then(then)
-                        .or_else(tombstones.to_vec()),
-                )
-            }
-            None if tombstones.is_empty() => None,
-            None => Some(Txn::new().and_then(tombstones.to_vec())),
-        };
-        let Some(first) = txn(&tombstones) else {
-            self.inner.attempts.retired(lease_id);
-            return Ok(Ownership::NotHeld);
-        };
-        let sent = with_timeout(self.inner.request_timeout, "releasing", async {
-            Ok(self.kv().txn(first).await)
         })
-        .await?;
-        let done = match sent {
-            Ok(done) => Some(done),
-            // The lease of a session a tombstone was for is gone, and with it every entry
-            // and every later write on it: leave the others' one by one, then delete.
-            Err(err) if is_lease_not_found(&err) => {
-                for session in &retire.sessions {
-                    let one = Txn::new().and_then([self.tombstone(session, lease_id)]);
-                    let left = self.txn_in("releasing", session, one, None).await;
-                    if left.is_err() && !session.keeper.status().expired {
-                        left?;
-                    }
-                }
-                match txn(&[]) {
-                    Some(plain) => Some(self.call("releasing", self.kv().txn(plain)).await?),
-                    None => None,
-                }
+    }
+
+    /// Leaves `lease_id`'s tombstone on each of `sessions`, one transaction each, so that
+    /// a session whose lease is gone does not fail the others'. Only an expired session's
+    /// failure is ignored: its lease took every write on it along.
+    async fn leave_tombstones_one_by_one(
+        &self,
+        sessions: &[Arc<EtcdSession>],
+        lease_id: LeaseId,
+    ) -> Result<()> {
+        for session in sessions {
+            let one = Txn::new().and_then([self.tombstone(session, lease_id)]);
+            let left = self.txn_in("releasing", session, one, None).await;
+            if left.is_err() && !session.keeper.status().expired {
+                left?;
             }
-            Err(err) => return Err(into_error(err, "releasing")),
-        };
-        self.inner.attempts.retired(lease_id);
-        Ok(Ownership::held_if(
-            found && done.is_some_and(|done| done.succeeded()),
-        ))
+        }
+        Ok(())
     }
 
     /// The put of `lease_id`'s tombstone on `session` (see `retired.rs`).
@@ -352,6 +363,36 @@ impl EtcdBackend {
             )
             .await?;
         Ok(left.ttl())
+    }
+
+    /// The next page of a listing's range read, `None` after the last one.
+    async fn next_page(&self, pages: &mut Pages) -> Result<Option<Vec<KeyValue>>> {
+        if !pages.more {
+            return Ok(None);
+        }
+        let mut options = GetOptions::new()
+            .with_range(pages.end.clone())
+            .with_limit(LIST_PAGE);
+        if pages.revision > 0 {
+            // Every page from the first one's revision: one snapshot of the store.
+            options = options.with_revision(pages.revision);
+        }
+        let mut page = self
+            .call(
+                "listing held keys",
+                self.kv().get(pages.from.clone(), Some(options)),
+            )
+            .await?;
+        if pages.revision == 0 {
+            pages.revision = page.header().map_or(0, |h| h.revision());
+        }
+        pages.more = page.more();
+        let entries = page.take_kvs();
+        if let Some(last) = entries.last() {
+            pages.from = last.key().to_vec();
+            pages.from.push(0);
+        }
+        Ok(Some(entries))
     }
 
     /// Adds to `held` the held keys among `dirs` (in order), until it has `limit`: the
@@ -402,7 +443,7 @@ impl EtcdBackend {
         let mut leases = self.inner.client.lease_client();
         let chosen = LeaseGrantOptions::new().with_id(id);
         let what = "granting a record's lease";
-        let granted = with_timeout(self.inner.request_timeout, what, async {
+        let granted = with_timeout("etcd", self.inner.request_timeout, what, async {
             Ok(leases.grant(seconds, Some(chosen)).await)
         })
         .await?;
@@ -513,6 +554,48 @@ const LIST_PAGE: i64 = 1000;
 /// How many owner leases a listing reads at once.
 const LEASE_READS_AT_ONCE: usize = 16;
 
+/// Where a listing's range read is: the next page starts at `from`, and is read at
+/// `revision` (0 before the first page, which sets it).
+struct Pages {
+    from: Vec<u8>,
+    end: Vec<u8>,
+    revision: i64,
+    /// Whether there is a next page.
+    more: bool,
+}
+
+impl Pages {
+    /// The pages of the range of keys starting with `start`.
+    fn new(start: Vec<u8>) -> Self {
+        Pages {
+            end: range_end(&start),
+            from: start,
+            revision: 0,
+            more: true,
+        }
+    }
+}
+
+/// Adds a page's `entries` to `dirs`, the directories of the listing so far: a page goes
+/// on where the previous one stopped, so an entry belongs to the last directory or starts
+/// the next. A directory outside `prefix`, or not of a valid key, gets no key.
+fn add_to_dirs(keys: &KeySpace, prefix: &str, entries: Vec<KeyValue>, dirs: &mut Vec<Dir>) {
+    for entry in entries {
+        let Some((dir, key)) = keys.dir_of(entry.key()) else {
+            continue;
+        };
+        match dirs.last_mut() {
+            Some(last) if last.dir == dir => last.add(entry),
+            _ => {
+                let key = LockKey::new(&key)
+                    .ok()
+                    .filter(|key| key.as_str().starts_with(prefix));
+                dirs.push(Dir::new(dir.to_vec(), key, entry));
+            }
+        }
+    }
+}
+
 /// One directory met in a listing: its user key (`None` when it is not listed: outside the
 /// prefix, or not a valid key), its oldest entry and how many it has.
 struct Dir {
@@ -568,6 +651,32 @@ fn read(response: &TxnResponse, index: usize) -> Vec<KeyValue> {
 
 fn revision_of(response: &TxnResponse) -> i64 {
     response.header().map_or(0, |h| h.revision())
+}
+
+/// The transaction of a release: deletes `target`'s entry while it is still the
+/// acquisition's, and leaves `tombstones` (with the deletion unless `only_if_absent`, and
+/// when the entry is not there). `None` when there is nothing to delete or leave.
+fn release_txn(
+    target: Option<&(Vec<u8>, Compare)>,
+    only_if_absent: bool,
+    tombstones: &[TxnOp],
+) -> Option<Txn> {
+    match target {
+        Some((entry, still_ours)) => {
+            let mut then = vec![TxnOp::delete(entry.clone(), None)];
+            if !only_if_absent {
+                then.extend_from_slice(tombstones);
+            }
+            Some(
+                Txn::new()
+                    .when([still_ours.clone()])
+                    .and_then(then)
+                    .or_else(tombstones.to_vec()),
+            )
+        }
+        None if tombstones.is_empty() => None,
+        None => Some(Txn::new().and_then(tombstones.to_vec())),
+    }
 }
 
 #[async_trait]
@@ -710,55 +819,18 @@ impl LockBackend for EtcdBackend {
             return Ok(held);
         }
         let keys = &self.inner.keys;
-        let start = keys.dirs_starting_with(prefix);
-        let end = range_end(&start);
         // In the distlock layout the directories come in the user keys' order (hex keeps
         // byte order, and `/` sorts before every hex digit, so `a/` before `ab/`), and
         // the scan can stop at `limit`. etcd's mutex names do not (`a!/` sorts before
         // `a/`): every directory is read, then sorted.
         let in_key_order = keys.layout() == Layout::Distlock;
         let mut dirs: Vec<Dir> = Vec::new();
-        let (mut from, mut revision) = (start, 0);
-        loop {
-            let mut options = GetOptions::new()
-                .with_range(end.clone())
-                .with_limit(LIST_PAGE);
-            if revision > 0 {
-                // Every page from the first one's revision: one snapshot of the store.
-                options = options.with_revision(revision);
-            }
-            let mut page = self
-                .call(
-                    "listing held keys",
-                    self.kv().get(from.clone(), Some(options)),
-                )
-                .await?;
-            if revision == 0 {
-                revision = page.header().map_or(0, |h| h.revision());
-            }
-            let more = page.more();
-            let entries = page.take_kvs();
-            if let Some(last) = entries.last() {
-                from = last.key().to_vec();
-                from.push(0);
-            }
-            for entry in entries {
-                let Some((dir, key)) = keys.dir_of(entry.key()) else {
-                    continue;
-                };
-                match dirs.last_mut() {
-                    Some(last) if last.dir == dir => last.add(entry),
-                    _ => {
-                        let key = LockKey::new(&key)
-                            .ok()
-                            .filter(|key| key.as_str().starts_with(prefix));
-                        dirs.push(Dir::new(dir.to_vec(), key, entry));
-                    }
-                }
-            }
+        let mut pages = Pages::new(keys.dirs_starting_with(prefix));
+        while let Some(entries) = self.next_page(&mut pages).await? {
+            add_to_dirs(keys, prefix, entries, &mut dirs);
             if in_key_order {
                 // The last directory may go on in the next page.
-                let complete = if more {
+                let complete = if pages.more {
                     dirs.len().saturating_sub(1)
                 } else {
                     dirs.len()
@@ -768,9 +840,6 @@ impl LockBackend for EtcdBackend {
                 if held.len() >= limit {
                     break;
                 }
-            }
-            if !more {
-                break;
             }
         }
         if !in_key_order {

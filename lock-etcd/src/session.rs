@@ -80,26 +80,15 @@ impl Sessions {
     }
 
     /// Sends one keep-alive for `session` now and waits for its answer: `false` when the
-    /// lease is gone. An answer proves the session alive from the send, as the pool's own
-    /// keep-alives do.
-    pub(crate) async fn ping(&self, session: &EtcdSession) -> Result<bool> {
-        let sent_at = Instant::now();
-        match self.pool.store().keep_alive(session).await {
-            SessionNews::Alive => {
-                session.keeper.kept_alive(sent_at);
-                Ok(true)
-            }
-            SessionNews::Ended => {
-                session.ended();
-                Ok(false)
-            }
-            SessionNews::Unanswered => {
-                session.keeper.disconnected();
-                Err(Error::new(
-                    ErrorKind::Unavailable,
-                    "etcd: a keep-alive went unanswered",
-                ))
-            }
+    /// lease is gone.
+    pub(crate) async fn ping(&self, session: &Arc<EtcdSession>) -> Result<bool> {
+        match self.pool.keep_alive_now(session).await {
+            SessionNews::Alive => Ok(true),
+            SessionNews::Ended => Ok(false),
+            SessionNews::Unanswered => Err(Error::new(
+                ErrorKind::Unavailable,
+                "etcd: a keep-alive went unanswered",
+            )),
         }
     }
 
@@ -151,6 +140,10 @@ struct EtcdStore {
 impl SessionStore for EtcdStore {
     type Session = EtcdSession;
 
+    fn name(&self) -> &'static str {
+        "etcd"
+    }
+
     /// Grants an etcd lease of `ttl` (whole seconds).
     async fn open(&self, kind: SessionKind, ttl: Duration) -> Result<EtcdSession> {
         let sent_at = Instant::now();
@@ -162,7 +155,8 @@ impl SessionStore for EtcdStore {
                 .await
                 .map_err(|err| into_error(err, "granting a lease"))
         };
-        let granted = with_timeout(self.request_timeout, "granting a lease", granting).await?;
+        let granted =
+            with_timeout("etcd", self.request_timeout, "granting a lease", granting).await?;
         tracing::debug!(lease = granted.id(), ?kind, ?ttl, "etcd lease granted");
         Ok(EtcdSession {
             lease: granted.id(),
@@ -174,7 +168,7 @@ impl SessionStore for EtcdStore {
     /// (which says whether the lease is still there).
     async fn keep_alive(&self, session: &EtcdSession) -> SessionNews {
         let opening = async { Ok(self.client.lease_client().keep_alive(session.lease).await) };
-        match with_timeout(self.request_timeout, "a keep-alive", opening).await {
+        match with_timeout("etcd", self.request_timeout, "a keep-alive", opening).await {
             Ok(Ok(_)) => SessionNews::Alive,
             Ok(Err(err)) if is_lease_not_found(&err) => SessionNews::Ended,
             _ => SessionNews::Unanswered,
@@ -196,7 +190,7 @@ impl SessionStore for EtcdStore {
 /// Revokes an etcd lease: `false` when the store no longer had it.
 async fn revoke(client: &Client, lease: i64, bound: Duration) -> Result<bool> {
     let revoking = async { Ok(client.lease_client().revoke(lease).await) };
-    match with_timeout(bound, "revoking a lease", revoking).await? {
+    match with_timeout("etcd", bound, "revoking a lease", revoking).await? {
         Ok(_) => Ok(true),
         Err(err) if is_lease_not_found(&err) => Ok(false),
         Err(err) => {

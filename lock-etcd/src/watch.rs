@@ -80,6 +80,7 @@ impl TurnWatch {
         let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
         let what = "watching the queue";
         let mut stream = with_timeout(
+            "etcd",
             self.request_timeout,
             what,
             self.client
@@ -89,7 +90,8 @@ impl TurnWatch {
         )
         .await?;
         // The watch delivers every change after the revision its confirmation carries.
-        let confirmed = with_timeout(self.request_timeout, what, stream.message().map(Ok)).await?;
+        let confirmed =
+            with_timeout("etcd", self.request_timeout, what, stream.message().map(Ok)).await?;
         let watched_from = match confirmed {
             Ok(Some(reply)) if reply.created() && !reply.canceled() => {
                 reply.header().map_or(i64::MAX, |h| h.revision())
@@ -124,6 +126,7 @@ impl TurnWatch {
         options: GetOptions,
     ) -> Result<etcd_client::GetResponse> {
         with_timeout(
+            "etcd",
             self.request_timeout,
             what,
             self.client
@@ -184,6 +187,7 @@ impl DirWatch {
             .with_filters([WatchFilterType::NoPut]);
         let what = "watching a key";
         let stream = with_timeout(
+            "etcd",
             bound,
             what,
             client

@@ -6,22 +6,7 @@
 
 mod support;
 
-use support::{connect, etcd_url, start_etcd};
-
-/// What a test's tracing subscriber wrote.
-#[derive(Clone, Default)]
-struct Logs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logs {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
+use support::{connect, etcd_url, start_etcd, Logs};
 
 /// The tested etcd 3.4.23 predates the fixes for a stuck leader (etcd issues 12528 and
 /// 15247): `connect` reads the server's version and warns once, naming the first fixed
@@ -46,7 +31,7 @@ async fn an_old_server_is_warned_about_once_per_connect() {
         .version()
         .to_string();
     let _backend = connect(&etcd_url(&[server.addr()], "")).await;
-    let shown = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
+    let shown = logs.text();
     assert_eq!(
         shown.matches("12528").count(),
         1,

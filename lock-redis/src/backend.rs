@@ -49,7 +49,9 @@ impl RedisBackend {
     /// The connection is made at once, so a wrong address or password fails here, as
     /// [`ErrorKind::Unavailable`] or [`ErrorKind::PermissionDenied`]; a server that may
     /// evict keys, or a database index it does not have, as [`ErrorKind::Misconfigured`].
+    /// Outside a Tokio runtime it is [`ErrorKind::InvalidInput`].
     pub async fn connect(config: &RedisConfig) -> Result<Self> {
+        lock_core::backend::require_runtime("redis")?;
         config.validate()?;
         let targets = config.node_targets()?;
         let Ok([target]) = <[_; 1]>::try_from(targets) else {

@@ -212,8 +212,8 @@ async fn connect(
         check_eviction(&mut connection, &shown, options.allow_eviction).await?;
         Ok(connection)
     };
-    let what = format!("connect to redis {shown}");
-    let result = with_timeout(options.connect_timeout, &what, attempt).await;
+    let store = format!("redis {shown}");
+    let result = with_timeout(&store, options.connect_timeout, "connect", attempt).await;
     let outcome = {
         let mut state = lock(&state);
         match result {

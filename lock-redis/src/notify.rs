@@ -119,7 +119,8 @@ async fn listen(
     first: bool,
     link: ListenerLink,
 ) -> Result<()> {
-    let subscribed = with_timeout(shared.connect_timeout, "subscribe", async {
+    let store = format!("redis {shown}");
+    let subscribed = with_timeout(&store, shared.connect_timeout, "subscribe", async {
         let attempt = async {
             let mut pubsub = client.get_async_pubsub().await?;
             pubsub.subscribe(&shared.channel).await?;

@@ -160,8 +160,10 @@ impl RedlockBackend {
     ///
     /// Fails only when a majority cannot be reached (with the first such error, e.g.
     /// [`ErrorKind::Unavailable`] or [`ErrorKind::PermissionDenied`]); the other nodes are
-    /// connected lazily when they come back.
+    /// connected lazily when they come back. Outside a Tokio runtime it is
+    /// [`ErrorKind::InvalidInput`].
     pub async fn connect(config: &RedisConfig) -> Result<Self> {
+        lock_core::backend::require_runtime("redis")?;
         config.validate()?;
         let options = NodeOptions::new(config);
         let nodes = config
@@ -255,8 +257,8 @@ impl RedlockBackend {
         let timeout = self.inner.node_timeout;
         join_all(self.inner.nodes.iter().enumerate().map(|(index, node)| {
             let pending = operation(index, node);
-            let what = format!("{what} on redis {}", node.shown());
-            async move { with_timeout(timeout, &what, pending).await }
+            let store = format!("redis {}", node.shown());
+            async move { with_timeout(&store, timeout, what, pending).await }
         }))
         .await
     }

@@ -145,8 +145,9 @@ impl SqlBackend {
 
     /// A backend for `config` that has not touched the database yet: connections are
     /// opened on first use, and the table must exist (see [`migrate`](Self::migrate)).
-    /// Must be called inside a tokio runtime.
+    /// Outside a Tokio runtime it is [`ErrorKind::InvalidInput`].
     pub fn new(config: SqlConfig) -> Result<Self> {
+        lock_core::backend::require_runtime(config.dialect().name())?;
         crate::config::validate_table(&config.table)?;
         let dialect = config.dialect();
         // PostgreSQL's LISTEN connection, with the same connect options as the pool's.

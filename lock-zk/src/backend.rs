@@ -98,7 +98,9 @@ impl ZkBackend {
     ///
     /// An unreachable ensemble is [`ErrorKind::Unavailable`] within the connect timeout; a
     /// credential the server refuses for the root is [`ErrorKind::PermissionDenied`].
+    /// Outside a Tokio runtime it is [`ErrorKind::InvalidInput`].
     pub async fn connect(config: &ZkConfig) -> Result<Self> {
+        lock_core::backend::require_runtime("zookeeper")?;
         config.validate()?;
         let control = connect(config, config.session_timeout).await?;
         let acls = if config.credentials().is_some() {
@@ -549,6 +551,7 @@ async fn end_unrenewed(inner: Weak<Inner>, lease: LeaseId, own: Own, keeper: Arc
                     return Ok(Ownership::NotHeld);
                 };
                 with_timeout(
+                    "zookeeper",
                     own.session.ttl,
                     "deleting the lock node",
                     delete_node(&client, &path),

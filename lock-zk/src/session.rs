@@ -117,6 +117,10 @@ struct ZkStore {
 impl SessionStore for ZkStore {
     type Session = ZkSession;
 
+    fn name(&self) -> &'static str {
+        "zookeeper"
+    }
+
     async fn open(&self, _kind: SessionKind, ttl: Duration) -> Result<ZkSession> {
         open_session(&self.config, ttl).await
     }
@@ -141,7 +145,7 @@ impl SessionStore for ZkStore {
             };
             Ok(answered.await)
         };
-        match with_timeout(session.ttl, "a keep-alive", proof).await {
+        match with_timeout("zookeeper", session.ttl, "a keep-alive", proof).await {
             Ok(Ok(_)) => SessionNews::Alive,
             Ok(Err(err)) if ends_session(&err) => SessionNews::Ended,
             _ => SessionNews::Unanswered,
@@ -223,7 +227,13 @@ pub(crate) async fn connect(config: &ZkConfig, timeout: Duration) -> Result<Clie
             .await
             .map_err(|err| into_error(err, "connecting"))
     };
-    with_timeout(config.connect_timeout, "the session request", connecting).await
+    with_timeout(
+        "zookeeper",
+        config.connect_timeout,
+        "the session request",
+        connecting,
+    )
+    .await
 }
 
 #[cfg(test)]

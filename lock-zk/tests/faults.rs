@@ -54,12 +54,13 @@ async fn a_creation_whose_reply_is_lost_leaves_no_orphan() {
     let queued = request(Renewal::Auto);
     // Opens the session first, so the cut catches the creation itself.
     let warm = request(Renewal::Auto);
-    with_timeout(ttl, "enqueue", backend.enqueue(&warm))
+    with_timeout("zookeeper", ttl, "enqueue", backend.enqueue(&warm))
         .await
         .unwrap();
     backend.leave_queue(&key, warm.lease_id()).await.unwrap();
     proxy.set_mode(ProxyMode::CutReplies);
     let lost = with_timeout(
+        "zookeeper",
         Duration::from_millis(300),
         "enqueue",
         backend.enqueue(&queued),
@@ -73,7 +74,7 @@ async fn a_creation_whose_reply_is_lost_leaves_no_orphan() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     proxy.set_mode(ProxyMode::Pass);
-    with_timeout(ttl, "enqueue", backend.enqueue(&queued))
+    with_timeout("zookeeper", ttl, "enqueue", backend.enqueue(&queued))
         .await
         .unwrap();
     assert_eq!(waiters().await, Some(1), "the retry left a second node");

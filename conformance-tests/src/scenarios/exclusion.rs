@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lock_core::{
-    backend::{AcquireRequest, LockBackendExt},
+    backend::{lock_unpoisoned, AcquireRequest, LockBackendExt},
     FencedResource, FencingToken, Renewal,
 };
 use tokio::task::JoinSet;
@@ -41,9 +41,9 @@ pub async fn mutual_exclusion(ctx: &Ctx) -> Outcome {
                 if inside.fetch_add(1, Ordering::SeqCst) != 0 {
                     overlapped.store(true, Ordering::SeqCst);
                 }
-                let seen = *counter.lock().unwrap_or_else(|p| p.into_inner());
+                let seen = *lock_unpoisoned(&counter);
                 tokio::time::sleep(Duration::from_millis(fastrand::u64(1..4))).await;
-                *counter.lock().unwrap_or_else(|p| p.into_inner()) = seen + 1;
+                *lock_unpoisoned(&counter) = seen + 1;
                 inside.fetch_sub(1, Ordering::SeqCst);
                 released(
                     guard.release().await,
@@ -58,7 +58,7 @@ pub async fn mutual_exclusion(ctx: &Ctx) -> Outcome {
         !overlapped.load(Ordering::SeqCst),
         "two holders were inside the critical section at once"
     );
-    let total = *counter.lock().unwrap_or_else(|p| p.into_inner());
+    let total = *lock_unpoisoned(&counter);
     ensure!(
         total == CLIENTS * ROUNDS,
         "lost updates: counter is {total}, expected {}",
@@ -89,21 +89,18 @@ pub async fn history_is_serial_with_increasing_tokens(ctx: &Ctx) -> Outcome {
                 let from = Instant::now();
                 tokio::time::sleep(Duration::from_millis(fastrand::u64(1..3))).await;
                 let to = Instant::now();
-                history
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(Tenure {
-                        from,
-                        to,
-                        token: guard.token(),
-                    });
+                lock_unpoisoned(&history).push(Tenure {
+                    from,
+                    to,
+                    token: guard.token(),
+                });
                 guard.release().await?;
             }
             Ok::<(), Failure>(())
         });
     }
     join_all(Duration::from_secs(60), "contending workers", &mut workers).await?;
-    let mut tenures = history.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let mut tenures = lock_unpoisoned(&history).clone();
     tenures.sort_by_key(|t| t.from);
     ensure!(
         tenures.len() == 18,

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use lock_core::backend::lock_unpoisoned;
 use lock_core::{ErrorKind, LeaseSharing, LockClient, LockScope, OnceTicket};
 
 use crate::ensure;
@@ -231,7 +232,7 @@ async fn body_stopped_before_rival(
         .await?
         .map_err(|e| crate::Failure(format!("the scoped task panicked: {e}")))?;
     expect_kind(outcome, ErrorKind::Lost, "with_lock whose lock was lost")?;
-    let stopped = *stopped.lock().unwrap_or_else(|p| p.into_inner());
+    let stopped = *lock_unpoisoned(&stopped);
     let Some((at, deadline)) = stopped else {
         return Err(crate::Failure("the body was never stopped".into()));
     };
@@ -257,7 +258,7 @@ struct NoteDrop(Arc<Mutex<Option<(Instant, Instant)>>>, LockScope);
 impl Drop for NoteDrop {
     fn drop(&mut self) {
         let noted = (Instant::now(), self.1.lease().valid_until());
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(noted);
+        *lock_unpoisoned(&self.0) = Some(noted);
     }
 }
 
@@ -278,7 +279,7 @@ pub async fn local_waiters_are_one_remote_waiter_in_fifo_order(ctx: &Ctx) -> Out
                 .lock(&waited)
                 .wait_up_to(Duration::from_secs(60))
                 .await?;
-            order.lock().unwrap_or_else(|p| p.into_inner()).push(task);
+            lock_unpoisoned(&order).push(task);
             released(guard.release().await, "coalesced waiter")
         });
         // Each task starts waiting before the next one comes, so arrival order is known:
@@ -297,7 +298,7 @@ pub async fn local_waiters_are_one_remote_waiter_in_fifo_order(ctx: &Ctx) -> Out
     );
     released(holder.release().await, "holder")?;
     crate::harness::join_all(SLACK * 20, "the coalesced waiters", &mut tasks).await?;
-    let order = order.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let order = lock_unpoisoned(&order).clone();
     ensure!(
         order == (0..TASKS).collect::<Vec<_>>(),
         "local waiters were not served in arrival order: {order:?}"

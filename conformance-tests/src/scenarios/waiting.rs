@@ -4,6 +4,7 @@ use std::future::IntoFuture;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use lock_core::backend::lock_unpoisoned;
 use lock_core::{AcquireOptions, Backoff, ErrorKind, LockKey};
 
 use crate::ensure;
@@ -318,7 +319,7 @@ pub async fn fifo_order_with_dead_waiter(ctx: &Ctx) -> Outcome {
         let (key, order) = (key.clone(), order.clone());
         waiters.push(tokio::spawn(async move {
             let guard = client.lock(&key).await?;
-            order.lock().unwrap_or_else(|p| p.into_inner()).push(name);
+            lock_unpoisoned(&order).push(name);
             guard.release().await?;
             Ok::<(), Failure>(())
         }));
@@ -348,7 +349,7 @@ pub async fn fifo_order_with_dead_waiter(ctx: &Ctx) -> Outcome {
             .await?
             .map_err(|e| Failure(format!("waiter task failed: {e}")))??;
     }
-    let order = order.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let order = lock_unpoisoned(&order).clone();
     ensure!(order == vec!["first", "third"], "grant order was {order:?}");
     let residue = ctx.factory().residue(&key).await?;
     ensure!(

@@ -43,7 +43,7 @@ pub use request::AcquireRequest;
 pub use retry::{supervise, unanswered, Progress, Restarts};
 pub use session::{Session, SessionKeeper, SessionStatus};
 pub use session_pool::{PooledSession, SessionKind, SessionNews, SessionPool, SessionStore};
-pub use store::{Connecting, Store};
+pub use store::{require_runtime, Connecting, Store};
 pub use store_url::{redact_url, redact_url_in, StoreHost, StoreUrl};
 pub use support::with_timeout;
 use support::within;
@@ -438,6 +438,7 @@ impl<B: LockBackend + ?Sized> LockBackendExt for B {
         let sent_at = Instant::now();
         let reply = request
             .attempt(within(
+                self.name(),
                 sent_at,
                 timeout,
                 "acquire",
@@ -459,6 +460,7 @@ impl<B: LockBackend + ?Sized> LockBackendExt for B {
         let sent_at = Instant::now();
         let turn = request
             .attempt(within(
+                self.name(),
                 sent_at,
                 timeout,
                 "acquire",
@@ -478,7 +480,7 @@ impl<B: LockBackend + ?Sized> LockBackendExt for B {
         self.capabilities().check_ttl(ttl)?;
         let sent_at = Instant::now();
         let renewed = self.renew(lease.key(), lease.id(), self.capabilities().store_ttl(ttl));
-        match within(sent_at, timeout, "renew", renewed).await? {
+        match within(self.name(), sent_at, timeout, "renew", renewed).await? {
             Ownership::Held => Ok(lease.renewed(ttl, sent_at)),
             Ownership::NotHeld => Err(Error::lost(format!(
                 "lease on {:?} is no longer held",
@@ -489,7 +491,7 @@ impl<B: LockBackend + ?Sized> LockBackendExt for B {
 
     async fn release_lease(&self, lease: &Lease, timeout: Duration) -> Result<ReleaseOutcome> {
         let released = self.release(lease.key(), lease.id());
-        match within(Instant::now(), timeout, "release", released).await? {
+        match within(self.name(), Instant::now(), timeout, "release", released).await? {
             Ownership::Held => Ok(ReleaseOutcome::Released),
             Ownership::NotHeld => not_held_outcome(lease),
         }

@@ -64,6 +64,31 @@ impl SessionKind {
     }
 }
 
+/// One keep-alive round trip as operators see it: the `distlock.keep_alive` span, with the
+/// store's name (`backend`), the session's id and kind (none for one asked for on
+/// demand), and once heard the `outcome` (a [`SessionNews`]).
+struct KeepAliveSpan(tracing::Span);
+
+impl KeepAliveSpan {
+    fn new(backend: &'static str, kind: Option<SessionKind>, session: u64) -> Self {
+        let span = tracing::debug_span!(
+            "distlock.keep_alive",
+            backend,
+            session,
+            kind = tracing::field::Empty,
+            outcome = tracing::field::Empty
+        );
+        if let Some(kind) = kind {
+            span.record("kind", tracing::field::debug(kind));
+        }
+        KeepAliveSpan(span)
+    }
+
+    fn heard(self, news: SessionNews) {
+        self.0.record("outcome", tracing::field::debug(news));
+    }
+}
+
 /// What one keep-alive, or the store's client between keep-alives, said of a session.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SessionNews {
@@ -93,6 +118,10 @@ pub trait PooledSession: Send + Sync + 'static {
 pub trait SessionStore: Sized + Send + Sync + 'static {
     /// One session of the store.
     type Session: PooledSession;
+
+    /// The store's name, as its backend's [`name`](crate::backend::LockBackend::name):
+    /// the `backend` of its keep-alives' spans ([`KeepAliveSpan`]).
+    fn name(&self) -> &'static str;
 
     /// Opens a new session of `kind` that the store ends `ttl` after its last proof of
     /// life. Its keeper counts from the send of the opening request.
@@ -179,7 +208,7 @@ async fn keep_alive_on_cadence<S: SessionStore>(
             () = tokio::time::sleep_until(next), if under_way.len() < KEEP_ALIVES_UNDER_WAY => {
                 let Some(current) = session.upgrade() else { return };
                 next = tokio::time::Instant::now() + every;
-                under_way.push(Box::pin(keep_alive_once(Arc::clone(&store), current, kind)));
+                under_way.push(Box::pin(keep_alive_once(Arc::clone(&store), current, Some(kind))));
                 continue;
             }
         };
@@ -203,17 +232,13 @@ async fn keep_alive_on_cadence<S: SessionStore>(
 async fn keep_alive_once<S: SessionStore>(
     store: Arc<S>,
     session: Arc<S::Session>,
-    kind: SessionKind,
+    kind: Option<SessionKind>,
 ) -> (Instant, SessionNews) {
     let sent_at = Instant::now();
-    let span = tracing::debug_span!(
-        "distlock.keep_alive",
-        session = session.keeper().session().id(),
-        kind = ?kind,
-        outcome = tracing::field::Empty
-    );
-    let heard = tracing::Instrument::instrument(store.keep_alive(&session), span.clone()).await;
-    span.record("outcome", tracing::field::debug(heard));
+    let round_trip = KeepAliveSpan::new(store.name(), kind, session.keeper().session().id());
+    let heard =
+        tracing::Instrument::instrument(store.keep_alive(&session), round_trip.0.clone()).await;
+    round_trip.heard(heard);
     (sent_at, heard)
 }
 
@@ -241,6 +266,21 @@ impl<S: SessionStore> SessionPool<S> {
     /// The store the pool opens sessions on.
     pub fn store(&self) -> &S {
         &self.store
+    }
+
+    /// Sends one keep-alive for `session` now, as the pool's own ones go (in their span,
+    /// reported to the session's keeper: an answer proves the session from this send),
+    /// and says what it heard: for a lease renewed by hand, whose session nothing else
+    /// keeps alive.
+    pub async fn keep_alive_now(&self, session: &Arc<S::Session>) -> SessionNews {
+        let (sent_at, heard) =
+            keep_alive_once(Arc::clone(&self.store), Arc::clone(session), None).await;
+        match heard {
+            SessionNews::Alive => session.keeper().kept_alive(sent_at),
+            SessionNews::Unanswered => session.keeper().disconnected(),
+            SessionNews::Ended => self.store.end(session),
+        }
+        heard
     }
 
     /// The usable session of `kind`, opening one (of `ttl`) when there is none. Callers
@@ -412,6 +452,10 @@ mod tests {
     impl SessionStore for Fake {
         type Session = FakeSession;
 
+        fn name(&self) -> &'static str {
+            "fake"
+        }
+
         async fn open(&self, _kind: SessionKind, ttl: Duration) -> Result<FakeSession> {
             let sent_at = Instant::now();
             self.opens.fetch_add(1, Ordering::SeqCst);
@@ -570,5 +614,79 @@ mod tests {
         let first_sent = lock(&pool.store().sends)[0];
         until(&mut watched, |status| status.proven_at > first_sent).await;
         assert!(!watched.status().expired);
+    }
+
+    /// The `distlock.keep_alive` spans this thread opened, as their fields were recorded.
+    #[derive(Clone, Default)]
+    struct KeepAliveSpans(Arc<Mutex<Vec<Fields>>>);
+
+    /// One span's fields, in the order they were recorded.
+    #[derive(Clone, Debug, Default)]
+    struct Fields(Vec<(String, String)>);
+
+    impl tracing::field::Visit for Fields {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            self.0
+                .push((field.name().to_string(), format!("{value:?}")));
+        }
+    }
+
+    impl tracing::Subscriber for KeepAliveSpans {
+        fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
+            metadata.name() == "distlock.keep_alive"
+        }
+        fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            let mut fields = Fields::default();
+            span.record(&mut fields);
+            let mut spans = lock(&self.0);
+            spans.push(fields);
+            tracing::span::Id::from_u64(spans.len() as u64)
+        }
+        fn record(&self, span: &tracing::span::Id, values: &tracing::span::Record<'_>) {
+            let index = usize::try_from(span.into_u64()).unwrap_or(0) - 1;
+            values.record(&mut lock(&self.0)[index]);
+        }
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, _: &tracing::Event<'_>) {}
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    /// Each keep-alive of the pool runs in a `distlock.keep_alive` span naming the store,
+    /// the session and its kind, and what the keep-alive heard.
+    #[tokio::test]
+    async fn a_keep_alive_span_names_the_store_and_the_outcome() {
+        let spans = KeepAliveSpans::default();
+        // This thread runs every task of the test's runtime, the pool's included.
+        let _default = tracing::subscriber::set_default(spans.clone());
+        let pool = SessionPool::new(Fake::default());
+        let ttl = Duration::from_millis(300);
+        let kind = SessionKind::Shared(ttl);
+        let session = pool.session(kind, ttl).await.expect("opened");
+        let opened_at = session.keeper().status().proven_at;
+        let mut watched = session.keeper().session();
+        until(&mut watched, |status| status.proven_at > opened_at).await;
+        let field = |fields: &Fields, name: &str| {
+            let found = fields.0.iter().rev().find(|(field, _)| field == name);
+            found.map(|(_, value)| value.clone())
+        };
+        let first = lock(&spans.0)[0].clone();
+        assert_eq!(
+            field(&first, "backend").as_deref(),
+            Some("\"fake\""),
+            "{first:?}"
+        );
+        let id = watched.id().to_string();
+        assert_eq!(field(&first, "session"), Some(id), "{first:?}");
+        assert_eq!(
+            field(&first, "kind"),
+            Some(format!("{kind:?}")),
+            "{first:?}"
+        );
+        assert_eq!(
+            field(&first, "outcome").as_deref(),
+            Some("Alive"),
+            "{first:?}"
+        );
     }
 }

@@ -79,14 +79,24 @@ impl Store {
     /// every store, before the store is touched: the clients of the stores panic there,
     /// and without a runtime no lease would be renewed.
     pub fn connect<'a>(&self, url: &'a str) -> Connecting<'a> {
-        if tokio::runtime::Handle::try_current().is_err() {
-            return Box::pin(std::future::ready(Err(Error::invalid(format!(
-                "{} needs a Tokio runtime, and connect was called outside one: call it \
-                 from a Tokio runtime (`#[tokio::main]`, `Runtime::block_on`)",
-                self.name
-            )))));
+        if let Err(err) = require_runtime(self.name) {
+            return Box::pin(std::future::ready(Err(err)));
         }
         (self.connect)(url)
+    }
+}
+
+/// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) outside a Tokio runtime:
+/// for a backend's connect functions to call before touching the store, because the
+/// clients of the stores panic there ("this functionality requires a Tokio context") and
+/// without a runtime no lease would be renewed. `store` names the store in the message.
+pub fn require_runtime(store: &str) -> Result<()> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(_) => Ok(()),
+        Err(_) => Err(Error::invalid(format!(
+            "{store} needs a Tokio runtime, and connect was called outside one: call it \
+             from a Tokio runtime (`#[tokio::main]`, `Runtime::block_on`)"
+        ))),
     }
 }
 

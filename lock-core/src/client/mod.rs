@@ -99,6 +99,7 @@ impl LockClient {
     pub async fn inspect(&self, key: impl AsRef<str>) -> Result<Option<LockStatus>> {
         let key = LockKey::new(key)?;
         let info = with_timeout(
+            self.core.backend.name(),
             self.defaults.request_timeout,
             "inspect",
             self.core.backend.inspect(&key),
@@ -119,6 +120,7 @@ impl LockClient {
         limit: usize,
     ) -> Result<Vec<(LockKey, LockStatus)>> {
         let held = with_timeout(
+            self.core.backend.name(),
             self.defaults.request_timeout,
             "list_held",
             self.core.backend.list_held(prefix.as_ref(), limit),
@@ -148,7 +150,8 @@ impl LockClient {
         let timeout = self.defaults.request_timeout;
         let span = tracing::info_span!("distlock.break", backend = backend.name(), key = %key, %token, outcome = tracing::field::Empty);
         let result = async {
-            let holder = with_timeout(timeout, "inspect", backend.inspect(&key)).await?;
+            let holder =
+                with_timeout(backend.name(), timeout, "inspect", backend.inspect(&key)).await?;
             let Some(holder) = holder else {
                 return Err(Error::invalid(format!("{:?} is not held", key.as_str())));
             };
@@ -163,8 +166,13 @@ impl LockClient {
                 ));
             }
             // By lease id: whatever happened since the look, no later holder is touched.
-            let released =
-                with_timeout(timeout, "release", backend.release(&key, holder.lease_id)).await?;
+            let released = with_timeout(
+                backend.name(),
+                timeout,
+                "release",
+                backend.release(&key, holder.lease_id),
+            )
+            .await?;
             if released.is_held() {
                 tracing::warn!(key = %key, %token, "lock broken by an operator");
                 Ok(())

@@ -121,6 +121,7 @@ impl CleanupOf {
     async fn try_once(&self, live: &DynBackend) -> crate::Result<()> {
         match self.what {
             Cleanup::Release => with_timeout(
+                live.name(),
                 self.timeout,
                 "release",
                 live.release(&self.key, self.lease_id),
@@ -129,6 +130,7 @@ impl CleanupOf {
             .map(drop),
             Cleanup::LeaveQueue => {
                 with_timeout(
+                    live.name(),
                     self.timeout,
                     "leave_queue",
                     live.leave_queue(&self.key, self.lease_id),

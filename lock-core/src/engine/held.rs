@@ -373,6 +373,7 @@ impl HeldLock {
         if let Some(ttl) = ttl {
             let span = tracing::info_span!("distlock.renew", backend = self.backend().name(), key = %self.key, lease = %observe::lease_prefix(lease.id()), outcome = tracing::field::Empty);
             let kept = with_timeout(
+                self.backend().name(),
                 self.options.request_timeout.min(lease.remaining()),
                 "expire_in",
                 self.backend().expire_in(

@@ -116,7 +116,12 @@ async fn enqueue_within(
 async fn enqueue(backend: &DynBackend, request: &AcquireRequest, timeout: Duration) -> Result<()> {
     let sent = Instant::now();
     let result = request
-        .attempt(with_timeout(timeout, "enqueue", backend.enqueue(request)))
+        .attempt(with_timeout(
+            backend.name(),
+            timeout,
+            "enqueue",
+            backend.enqueue(request),
+        ))
         .await;
     if let Err(err) = &result {
         if err.kind() == ErrorKind::Unavailable {
@@ -170,6 +175,7 @@ impl QueuePlace {
             None => leave.timeout,
         };
         let left = with_timeout(
+            self.backend.name(),
             budget,
             "leave_queue",
             self.backend.leave_queue(&leave.key, leave.lease_id),

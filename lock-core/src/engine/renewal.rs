@@ -522,7 +522,7 @@ impl Engine {
         );
         let call = async move {
             let sent_at = Instant::now();
-            let answer = with_timeout(timeout, "renew", async {
+            let answer = with_timeout(backend.name(), timeout, "renew", async {
                 Ok(backend.renew_many(&items).await)
             })
             .await;
@@ -623,8 +623,8 @@ mod tests {
     use async_trait::async_trait;
 
     use crate::backend::{
-        AcquireRequest, Capabilities, Grant, HolderInfo, LeaseRenewal, Liveness, LockBackend,
-        Ownership, SessionKeeper,
+        lock_unpoisoned, AcquireRequest, Capabilities, Grant, HolderInfo, LeaseRenewal, Liveness,
+        LockBackend, Ownership, SessionKeeper,
     };
     use crate::values::error::Result;
     use crate::values::key::LockKey;
@@ -662,14 +662,11 @@ mod tests {
         }
 
         fn note(&self, what: &'static str, ttl: Duration) {
-            self.asked
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push((what, ttl));
+            lock_unpoisoned(&self.asked).push((what, ttl));
         }
 
         fn asked(&self, what: &str) -> Vec<Duration> {
-            let asked = self.asked.lock().unwrap_or_else(|p| p.into_inner());
+            let asked = lock_unpoisoned(&self.asked);
             asked
                 .iter()
                 .filter(|(op, _)| *op == what)

@@ -124,6 +124,10 @@ impl MemorySessions {
 impl SessionStore for MemorySessions {
     type Session = ClientSession;
 
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
     async fn open(&self, _kind: SessionKind, ttl: Duration) -> Result<ClientSession> {
         let sent_at = Instant::now();
         let store_id = lock(&self.store()?.state).open_session(ttl);

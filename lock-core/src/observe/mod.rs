@@ -4,10 +4,10 @@
 //! The spans (`distlock.acquire`, `distlock.wait` in the local line or at the store,
 //! `distlock.renew` per lease and `distlock.renew_batch` per call, `distlock.release`,
 //! `distlock.break`) carry the backend's name, the key, the first [`LEASE_PREFIX`] hex
-//! digits of the lease id and the outcome; the session pool's keep-alives run in
-//! `distlock.keep_alive` (session id, kind, outcome). Never the whole lease id: whoever knows it can
-//! release the lease, so it is as good as a secret. Store URLs (with their passwords)
-//! never appear.
+//! digits of the lease id and the outcome; each keep-alive of a session store (the session
+//! pool's, and etcd's over its stream) runs in `distlock.keep_alive` (backend, session id,
+//! kind, outcome). Never the whole lease id: whoever knows it can release the lease, so it
+//! is as good as a secret. Store URLs (with their passwords) never appear.
 //!
 //! The metrics go through the `metrics` facade: without a recorder installed by the
 //! program (a Prometheus exporter, say) they cost a few atomic loads and go nowhere.

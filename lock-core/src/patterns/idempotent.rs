@@ -363,6 +363,7 @@ impl IdempotentRun {
                 return Ok(Ownership::NotHeld);
             }
             let written = with_timeout(
+                self.core.backend.name(),
                 self.request_timeout.min(lease.remaining()),
                 "write_record",
                 self.core
@@ -383,6 +384,7 @@ impl IdempotentRun {
 
     async fn read(&self) -> Result<Option<Record>> {
         with_timeout(
+            self.core.backend.name(),
             self.request_timeout,
             "read_record",
             self.core.backend.read_record(&self.key),

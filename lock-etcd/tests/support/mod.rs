@@ -231,3 +231,26 @@ fn revoke_holders_lease(url: String, key: String) -> BoxFuture<lock_core::Result
         Ok(())
     })
 }
+
+/// What a test's tracing subscriber wrote (each test installing one runs in a binary of
+/// its own: the subscriber is the process's global one).
+#[derive(Clone, Default)]
+pub struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Logs {
+    /// Everything written so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

@@ -275,7 +275,7 @@ where
             .acquire()
             .await
             .map_err(|err| self.connect_failed(doing, err))?;
-        let answer = with_timeout(self.answer_within, doing, async {
+        let answer = with_timeout(self.dialect.name(), self.answer_within, doing, async {
             statement(&mut conn)
                 .await
                 .map_err(|err| into_error(err, doing, self.dialect))
