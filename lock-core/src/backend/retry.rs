@@ -1,6 +1,6 @@
 //! Trying again, written once: [`Backoff::retry_until`] for a request that must reach the
 //! store (a clean-up, a setting a busy store refuses for a moment), [`Restarts`] and
-//! [`supervise`] for a task that must keep running (a listener, a keep-alive stream).
+//! [`supervise`] for a task that must keep running (a store listener).
 //!
 //! tower's `retry::{Policy, Backoff}` is the model: the caller says which failures are
 //! worth another try, the backoff says when.
