@@ -1,7 +1,6 @@
-//! etcd keeps its sessions alive over a stream of its own, not the core's keep-alive
-//! cadence: its round trips must still read as every session store's do, in
-//! `distlock.keep_alive` spans naming the backend. In a process of its own: it installs
-//! the global tracing subscriber.
+//! etcd's keep-alives, the pool's and those a manual renewal asks for, read as every
+//! session store's do: in `distlock.keep_alive` spans naming the backend. In a process of
+//! its own: it installs the global tracing subscriber.
 
 #![allow(clippy::unwrap_used)]
 
@@ -14,7 +13,7 @@ use support::{connect, etcd_url, start_etcd, Logs};
 use tracing_subscriber::fmt::format::FmtSpan;
 
 #[tokio::test]
-async fn the_keep_alive_stream_reports_each_round_trip_in_a_span_naming_etcd() {
+async fn each_keep_alive_round_trip_is_a_span_naming_etcd() {
     let server = start_etcd().await;
     let logs = Logs::default();
     let writer = logs.clone();
