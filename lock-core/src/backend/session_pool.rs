@@ -120,7 +120,7 @@ pub trait SessionStore: Sized + Send + Sync + 'static {
     type Session: PooledSession;
 
     /// The store's name, as its backend's [`name`](crate::backend::LockBackend::name):
-    /// the `backend` of its keep-alives' spans ([`KeepAliveSpan`]).
+    /// the `backend` of its keep-alives' `distlock.keep_alive` spans.
     fn name(&self) -> &'static str;
 
     /// Opens a new session of `kind` that the store ends `ttl` after its last proof of
