@@ -34,6 +34,7 @@ pub mod network;
 pub mod proxy;
 mod runner;
 pub mod scenarios;
+pub mod simulation;
 pub mod store_process;
 
 pub use factory::{CountedStore, ServerFactory, ServerStore};

@@ -1,0 +1,242 @@
+//! Seeded simulation of the core: randomized workloads of a few clients on a few keys,
+//! with faults, recorded as a [`History`] and checked against the contract by [`check`].
+//!
+//! A run with seed `S` draws everything it does from `S` alone ([`Plan::from_seed`]): the
+//! clients and keys, each task's steps (`try_lock`, bounded and unbounded waits, holds
+//! renewed by the engine or by hand, release or drop, acquisitions cancelled at a random
+//! instant) and the faults struck on each client's [`FaultyBackend`] (delays, failures,
+//! black holes, replies lost or late, requests landing late). The store is the in-memory
+//! backend in plain, fair or session mode (`S % 3`). The run plays on one thread (a
+//! `current_thread` Tokio runtime, the core's jitter seeded with `fastrand::seed(S)`),
+//! then heals the faults, lets a newcomer wait for each key (it must get every key within
+//! [`SETTLE`]) and checks the history.
+//!
+//! # What is replayable, and what is not
+//!
+//! The plan is a pure function of the seed: replaying `S` plays exactly the same steps
+//! and faults (`a_seed_plays_one_plan`). The *interleaving* is not replayable, because
+//! the core reads `std::time::Instant` (lease deadlines, wait bounds, the renewal
+//! schedule, the memory store's expiry: about forty places), and no runtime can pause or
+//! seed that clock. Tokio's paused clock moves only `tokio::time`: with it, a 30 s lease
+//! stays valid after 60 simulated seconds, and the renewal engine, woken at a tokio
+//! instant its std clock has not reached, spins on the CPU until real time catches up
+//! (`paused_clock_does_not_move_the_core` keeps that finding honest). So runs are played
+//! in real time, with TTLs of 300-600 ms. The other sources of nondeterminism follow from
+//! that one or do not affect the verdict: `LeaseId::random` reads the OS's entropy
+//! (`getrandom`), `HashMap`s in the store and the engine use a per-process random hasher,
+//! and the seeded jitter draws depend on how many draws came before.
+//!
+//! What keeps CI from flaking is therefore the checker, not an exact replay: each check
+//! compares instants whose order real time cannot invert on a correct core, or allows a
+//! generous [`LATENESS`] for a timer of the run's one thread (see [`checker`]). A slow
+//! machine makes a run slower, not wrong. A failing seed prints the command that replays
+//! its plan with the history shown; the same defect usually fails it again, but the exact
+//! history may differ.
+//!
+//! Once the core reads its time through `tokio::time::Instant` (the same clock unless a
+//! runtime pauses it), the same plans can run under the paused clock: no real time spent,
+//! and the whole history replayable.
+
+mod broken;
+pub mod checker;
+mod history;
+mod workload;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lock_core::backend::{DynBackend, LockBackend};
+use lock_core::{LockClient, LockKey, MemoryBackend};
+
+pub use broken::{Broken, Defect};
+pub use checker::{check, Check, Violation, LATENESS};
+pub use history::{Event, History, What};
+pub use workload::{End, Hold, How, Plan, Step, Strike, Task, REQUEST_TIMEOUT};
+
+use crate::faults::FaultyBackend;
+
+/// How long every key has, after the last task ended and the faults were healed, to be
+/// free for a newcomer: the longest TTL, a request timeout for the second clean-up
+/// release, and room for clean-up retries.
+pub const SETTLE: Duration = Duration::from_secs(3);
+
+/// The longest the tasks of one run may take before the run counts as stuck.
+pub const RUN_LIMIT: Duration = Duration::from_secs(60);
+
+/// The in-memory store's modes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Waiters poll, woken by release notifications.
+    Plain,
+    /// A fair (FIFO) queue.
+    Fair,
+    /// A fair queue, leases kept by client sessions.
+    Session,
+}
+
+impl Mode {
+    /// The mode seed `seed` runs in.
+    pub fn of_seed(seed: u64) -> Mode {
+        [Mode::Plain, Mode::Fair, Mode::Session][(seed % 3) as usize]
+    }
+
+    fn store(self) -> MemoryBackend {
+        match self {
+            Mode::Plain => MemoryBackend::new(),
+            Mode::Fair => MemoryBackend::fair(),
+            Mode::Session => MemoryBackend::fair().with_sessions(),
+        }
+    }
+}
+
+/// One finished run.
+#[derive(Debug)]
+pub struct Run {
+    /// Its seed.
+    pub seed: u64,
+    /// The store's mode.
+    pub mode: Mode,
+    /// What it played.
+    pub plan: Plan,
+    /// What happened.
+    pub history: History,
+    /// What the checker found.
+    pub violations: Vec<Violation>,
+}
+
+/// The name of key number `index`.
+pub fn key_name(index: usize) -> String {
+    format!("sim/k{index}")
+}
+
+/// Runs seed `seed` in its mode on a correct store.
+pub fn run_seed(seed: u64) -> Run {
+    run(seed, Mode::of_seed(seed), None)
+}
+
+/// Runs seed `seed` in `mode`, the store broken by `defect` if any. Builds its own
+/// runtime: call it on a thread of its own (not from async code).
+pub fn run(seed: u64, mode: Mode, defect: Option<Defect>) -> Run {
+    let plan = Plan::from_seed(seed);
+    #[allow(clippy::expect_used)]
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("a current-thread runtime");
+    // The core's jitter draws from this thread's generator: the runtime's only thread.
+    fastrand::seed(seed);
+    let history = History::new();
+    runtime.block_on(play(mode, &plan, defect, &history));
+    drop(runtime);
+    let violations = check(&history.events());
+    Run {
+        seed,
+        mode,
+        plan,
+        history,
+        violations,
+    }
+}
+
+async fn play(mode: Mode, plan: &Plan, defect: Option<Defect>, history: &History) {
+    let store = mode.store();
+    let first_tokens = Arc::new(Mutex::new(HashMap::new()));
+    let backends: Vec<Arc<FaultyBackend>> = (0..plan.clients)
+        .map(|_| {
+            let client: DynBackend = Arc::new(store.client());
+            FaultyBackend::new(match defect {
+                Some(defect) => Arc::new(Broken::new(client, defect, first_tokens.clone())),
+                None => client,
+            })
+        })
+        .collect();
+    let clients: Vec<LockClient> = backends
+        .iter()
+        .map(|b| LockClient::new(b.clone()))
+        .collect();
+    let striker = tokio::spawn(workload::strike_all(
+        plan.strikes.clone(),
+        backends.clone(),
+        history.clone(),
+    ));
+    let tasks: Vec<_> = plan
+        .tasks
+        .iter()
+        .enumerate()
+        .map(|(index, task)| {
+            let client = clients[task.client].clone();
+            tokio::spawn(workload::play(index, task.clone(), client, history.clone()))
+        })
+        .collect();
+    let all = async {
+        for task in tasks {
+            let _ = task.await;
+        }
+    };
+    if tokio::time::timeout(RUN_LIMIT, all).await.is_err() {
+        history.record(None, What::Stuck);
+    }
+    striker.abort();
+    backends.iter().for_each(|backend| backend.heal());
+    history.record(None, What::TasksEnded);
+    settle(plan.keys, &store, history).await;
+}
+
+/// Lets a newcomer on a fresh, healthy client wait up to [`SETTLE`] for each key; a key
+/// it cannot get is a leftover (a lease or queue entry nobody owns any more).
+async fn settle(keys: usize, store: &MemoryBackend, history: &History) {
+    let newcomer = LockClient::new(store.client());
+    for key in 0..keys {
+        let name = key_name(key);
+        match newcomer.lock(&name).wait_up_to(SETTLE).await {
+            Ok(guard) => {
+                let _ = guard.release().await;
+            }
+            Err(_) => {
+                let info = match LockKey::new(&name) {
+                    Ok(key) => store.inspect(&key).await.ok().flatten(),
+                    Err(_) => None,
+                };
+                history.record(
+                    None,
+                    What::Leftover {
+                        key,
+                        token: info.as_ref().map(|info| info.token),
+                        waiters: info.and_then(|info| info.waiters),
+                    },
+                );
+            }
+        }
+    }
+}
+
+/// The seeds an environment variable asks for: `DISTLOCK_SIM_SEED=S` (one seed, its
+/// history shown) or `DISTLOCK_SIM_SEEDS=A..B`; `None` when neither is set.
+///
+/// # Errors
+/// A message when a variable is set but is not a seed or a range.
+pub fn seeds_from_env() -> Result<Option<(std::ops::Range<u64>, bool)>, String> {
+    if let Ok(seed) = std::env::var("DISTLOCK_SIM_SEED") {
+        let seed: u64 = seed
+            .trim()
+            .parse()
+            .map_err(|_| format!("DISTLOCK_SIM_SEED={seed:?} is not a number"))?;
+        return Ok(Some((seed..seed + 1, true)));
+    }
+    let Ok(range) = std::env::var("DISTLOCK_SIM_SEEDS") else {
+        return Ok(None);
+    };
+    let bad = || format!("DISTLOCK_SIM_SEEDS={range:?} is not a range A..B");
+    let (start, end) = range.trim().split_once("..").ok_or_else(bad)?;
+    let start = start.parse().map_err(|_| bad())?;
+    let end = end.parse().map_err(|_| bad())?;
+    Ok(Some((start..end, false)))
+}
+
+/// The one-line command that replays `seed` with its history shown.
+pub fn replay_command(seed: u64) -> String {
+    format!(
+        "DISTLOCK_SIM_SEED={seed} cargo test -p conformance-tests --all-features --test simulation -- --nocapture seeds"
+    )
+}
