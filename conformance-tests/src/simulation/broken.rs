@@ -17,6 +17,8 @@ pub enum Defect {
     GrantWhileHeld,
     /// A new owner of a key gets the first owner's token again.
     StaleToken,
+    /// A waiter's leave is answered but not applied: its queue entry stays.
+    LeaveIgnored,
 }
 
 /// Wraps a store and breaks its acquisitions by a [`Defect`]; everything else is
@@ -104,6 +106,9 @@ impl LockBackend for Broken {
         self.inner.try_acquire_queued(request).await
     }
     async fn leave_queue(&self, key: &LockKey, lease_id: LeaseId) -> Result<()> {
+        if self.defect == Defect::LeaveIgnored {
+            return Ok(());
+        }
         self.inner.leave_queue(key, lease_id).await
     }
     async fn watch_turn(&self, request: &AcquireRequest) -> Result<Option<Box<dyn KeyWatch>>> {
