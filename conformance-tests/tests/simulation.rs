@@ -16,14 +16,14 @@ use conformance_tests::simulation::{
 };
 
 /// The seeds every CI run plays.
-const CI_SEEDS: std::ops::Range<u64> = 0..60;
+const CI_SEEDS: std::ops::Range<u64> = 0..300;
 
 /// Seeds that found a real defect of the core, left out of the CI range until it is
 /// fixed (each with the issue that tracks it).
 const KNOWN_FAILING: &[u64] = &[];
 
 /// Runs at once: each is one thread that mostly sleeps (TTLs are real time).
-const PARALLEL: u64 = 6;
+const PARALLEL: u64 = 12;
 
 /// Plays `seeds` on [`PARALLEL`] threads; the runs that broke the contract.
 fn play(seeds: std::ops::Range<u64>, mut each: impl FnMut(&Run) + Send) -> Vec<Run> {

@@ -31,6 +31,8 @@ pub enum Check {
     LostLate,
     /// A release said `Lost` while the guard's deadline was still ahead.
     ReleaseVerdict,
+    /// `lost()` resolved for a lease whose release had succeeded.
+    LostAfterRelease,
     /// An acquisition outlived its bound, or ended with a kind its wait cannot end with.
     Wait,
     /// Something was held or queued for in the store after every task ended.
@@ -64,6 +66,8 @@ struct Life {
     valid_until: Duration,
     ended_at: Option<Duration>,
     lost_at: Option<Duration>,
+    /// When `release` returned `Ok`.
+    released_at: Option<Duration>,
 }
 
 impl Life {
@@ -108,6 +112,7 @@ pub fn check(events: &[Event]) -> Vec<Violation> {
                     valid_until: *valid_until,
                     ended_at: None,
                     lost_at: None,
+                    released_at: None,
                 });
             }
             What::Refused { key, kind } => {
@@ -134,7 +139,21 @@ pub fn check(events: &[Event]) -> Vec<Violation> {
             }
             What::Lost { token } => {
                 if let Some(index) = life_of(&lives, *token) {
-                    lives[index].lost_at.get_or_insert(at);
+                    let life = &mut lives[index];
+                    life.lost_at.get_or_insert(at);
+                    // The watcher task records a loss that fired during the release
+                    // call a moment after it: only a loss well after counts.
+                    if let Some(released) = life.released_at.filter(|r| at > *r + LATENESS) {
+                        violation(
+                            Check::LostAfterRelease,
+                            format!("t{task} token {token}: released at {released:?}, lost() at {at:?}"),
+                        );
+                    }
+                }
+            }
+            What::Released { token, result: Ok(()) } => {
+                if let Some(index) = life_of(&lives, *token) {
+                    lives[index].released_at = Some(at);
                 }
             }
             What::Released { token, result: Err(ErrorKind::Lost) } => {

@@ -104,20 +104,20 @@ fn millis(rng: &mut fastrand::Rng, range: std::ops::RangeInclusive<u64>) -> Dura
 }
 
 impl Plan {
-    /// The plan of seed `seed`: 2-4 clients, 1-3 keys, 2-5 tasks of 2-4 steps, up to 6
-    /// faults in the first two seconds.
+    /// The plan of seed `seed`: 2-4 clients, 1-3 keys, 2-6 tasks of 2-5 steps, up to 10
+    /// faults in the first 1.5 seconds.
     pub fn from_seed(seed: u64) -> Plan {
         let mut rng = fastrand::Rng::with_seed(seed);
         let (clients, keys) = (rng.usize(2..=4), rng.usize(1..=3));
-        let tasks = (0..rng.usize(2..=5))
+        let tasks = (0..rng.usize(2..=6))
             .map(|_| Task {
                 client: rng.usize(..clients),
-                steps: (0..rng.usize(2..=4))
+                steps: (0..rng.usize(2..=5))
                     .map(|_| step(&mut rng, keys))
                     .collect(),
             })
             .collect();
-        let mut strikes: Vec<Strike> = (0..rng.usize(0..=6))
+        let mut strikes: Vec<Strike> = (0..rng.usize(0..=10))
             .map(|_| strike(&mut rng, clients))
             .collect();
         strikes.sort_by_key(|strike| strike.at);
@@ -162,7 +162,7 @@ fn strike(rng: &mut fastrand::Rng, clients: usize) -> Strike {
         _ => Fault::Delay(millis(rng, 1..=300)),
     };
     Strike {
-        at: millis(rng, 0..=2000),
+        at: millis(rng, 0..=1500),
         client: rng.usize(..clients),
         op,
         fault,
