@@ -22,6 +22,9 @@
 //! silences, or applies-then-drops-the-reply of chosen operations; [`proxy::TcpFaultProxy`]
 //! sits between a client and a real store to simulate partitions. [`store_process`]
 //! starts private store servers on free loopback ports and can pause, kill and restart them.
+//!
+//! [`simulation`] plays seeded, randomized workloads with faults through the core on the
+//! in-memory backend and checks the recorded history against the contract.
 
 pub mod capability_table;
 pub mod factory;

@@ -18,15 +18,28 @@ use conformance_tests::simulation::{
 /// The seeds every CI run plays.
 const CI_SEEDS: std::ops::Range<u64> = 0..300;
 
-/// Seeds that found a real defect of the core, left out of the CI range until it is
-/// fixed (each with the issue that tracks it).
-const KNOWN_FAILING: &[u64] = &[];
+/// Seeds that met the core's known defect (`simulation::KNOWN_DEFECT`), with the plans
+/// of this version of the generator. CI leaves out every seed whose plan may meet it
+/// (`Plan::may_meet_known_defect`), these among them; `DISTLOCK_SIM_SEED` replays one.
+const KNOWN_FAILING: &[u64] = &[2231];
+
+/// Whether CI leaves `seed` out: its plan may meet the known defect, whose trigger depends
+/// on timing, so a seed that passes today could fail on a loaded machine.
+fn meets_known_defect(seed: u64) -> bool {
+    KNOWN_FAILING.contains(&seed)
+        || Plan::from_seed(seed).may_meet_known_defect(Mode::of_seed(seed))
+}
 
 /// Runs at once: each is one thread that mostly sleeps (TTLs are real time).
 const PARALLEL: u64 = 12;
 
 /// Plays `seeds` on [`PARALLEL`] threads; the runs that broke the contract.
-fn play(seeds: std::ops::Range<u64>, mut each: impl FnMut(&Run) + Send) -> Vec<Run> {
+fn play(
+    seeds: std::ops::Range<u64>,
+    replay: bool,
+    skipped: &AtomicU64,
+    mut each: impl FnMut(&Run) + Send,
+) -> Vec<Run> {
     let next = AtomicU64::new(seeds.start);
     let (failed, each) = (Mutex::new(Vec::new()), Mutex::new(&mut each));
     std::thread::scope(|scope| {
@@ -36,7 +49,8 @@ fn play(seeds: std::ops::Range<u64>, mut each: impl FnMut(&Run) + Send) -> Vec<R
                 if seed >= seeds.end {
                     return;
                 }
-                if KNOWN_FAILING.contains(&seed) {
+                if !replay && meets_known_defect(seed) {
+                    skipped.fetch_add(1, Ordering::SeqCst);
                     continue;
                 }
                 let run = run_seed(seed);
@@ -74,7 +88,8 @@ fn seeds() {
     let (range, show) = seeds_from_env().unwrap().unwrap_or((CI_SEEDS, false));
     let started = Instant::now();
     let mut seen = BTreeMap::<String, usize>::new();
-    let failed = play(range.clone(), |run| {
+    let skipped = AtomicU64::new(0);
+    let failed = play(range.clone(), show, &skipped, |run| {
         for event in run.history.events() {
             *seen.entry(tally(&event.what)).or_default() += 1;
         }
@@ -94,8 +109,9 @@ fn seeds() {
         }
     });
     println!(
-        "seeds {range:?}: {} failed in {:?}",
+        "seeds {range:?}: {} failed, {} left out (known defect) in {:?}",
         failed.len(),
+        skipped.load(Ordering::SeqCst),
         started.elapsed()
     );
     println!("events: {seen:?}");
@@ -176,5 +192,47 @@ fn paused_clock_does_not_move_the_core() {
             .unwrap();
         let paused_now = tokio::time::Instant::now();
         assert!(tokio::time::Instant::from_std(lease.valid_until()) < paused_now);
+    });
+}
+
+/// The known defect (`simulation::KNOWN_DEFECT`) on its own, found by seed 1016 of the
+/// generator at commit 6aa3a26: a bounded wait of 210 ms whose leave of the queue takes
+/// 122 ms is dropped 59 ms into that leave. Ignored until the core is fixed: run it with
+/// `cargo test -p conformance-tests --all-features --test simulation -- --ignored`.
+#[test]
+#[ignore = "known defect of the core: a wait dropped while leaving the queue stays queued"]
+fn a_wait_dropped_while_leaving_the_queue_leaves_it() {
+    use conformance_tests::{Fault, FaultyBackend, Op};
+    use lock_core::backend::{DynBackend, LockBackend};
+    use lock_core::{LockClient, MemoryBackend};
+    use std::sync::Arc;
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        for store in [MemoryBackend::fair(), MemoryBackend::fair().with_sessions()] {
+            let holder = LockClient::new(store.client());
+            let faulty = FaultyBackend::new(Arc::new(store.client()) as DynBackend);
+            let waiter = LockClient::new(faulty.clone());
+            let guard = holder.lock("k").await.unwrap();
+            faulty.inject_times(Op::Queue, Fault::Delay(Duration::from_millis(122)), 2);
+            let wait = waiter.lock("k").wait_up_to(Duration::from_millis(210));
+            tokio::select! {
+                ended = wait => panic!("the wait ended before it was dropped: {ended:?}"),
+                () = tokio::time::sleep(Duration::from_millis(269)) => {}
+            }
+            guard.release().await.unwrap();
+            let newcomer = LockClient::new(store.client());
+            let got = newcomer.lock("k").wait_up_to(Duration::from_secs(3)).await;
+            assert!(
+                got.is_ok(),
+                "{:?}: the dropped waiter's queue entry stayed ({} queue calls, {} answered)",
+                store.capabilities().liveness,
+                faulty.calls(Op::Queue),
+                faulty.completed(Op::Queue)
+            );
+        }
     });
 }

@@ -68,6 +68,8 @@ struct Life {
     lost_at: Option<Duration>,
     /// When `release` returned `Ok`.
     released_at: Option<Duration>,
+    /// Whether `release` failed unanswered: the lease may live on until its TTL.
+    release_failed: bool,
 }
 
 impl Life {
@@ -113,6 +115,7 @@ pub fn check(events: &[Event]) -> Vec<Violation> {
                     ended_at: None,
                     lost_at: None,
                     released_at: None,
+                    release_failed: false,
                 });
             }
             What::Refused { key, kind } => {
@@ -156,6 +159,11 @@ pub fn check(events: &[Event]) -> Vec<Violation> {
                     lives[index].released_at = Some(at);
                 }
             }
+            What::Released { token, result: Err(ErrorKind::Unavailable) } => {
+                if let Some(index) = life_of(&lives, *token) {
+                    lives[index].release_failed = true;
+                }
+            }
             What::Released { token, result: Err(ErrorKind::Lost) } => {
                 match life_of(&lives, *token).map(|index| &lives[index]) {
                     Some(life) if at < life.valid_until => violation(
@@ -168,6 +176,12 @@ pub fn check(events: &[Event]) -> Vec<Violation> {
                     _ => {}
                 }
             }
+            // A release the store did not answer leaves the lease to its TTL, as
+            // documented: the caller was told.
+            What::Leftover { key, token, .. }
+                if lives.iter().any(|life| {
+                    life.key == *key && Some(life.token) == *token && life.release_failed
+                }) => {}
             What::Leftover { key, token, waiters } => violation(
                 Check::Leftover,
                 format!(

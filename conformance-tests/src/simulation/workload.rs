@@ -13,6 +13,9 @@ use crate::faults::{Fault, FaultyBackend, Op};
 /// a black-holed request costs little.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_millis(250);
 
+/// The TTL of the long leases, which outlive any run.
+pub const LONG_TTL: Duration = Duration::from_secs(10);
+
 /// How an acquisition may wait.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum How {
@@ -130,11 +133,40 @@ impl Plan {
     }
 }
 
+impl Plan {
+    /// Whether this plan, in `mode`, may meet the core's known defect (see
+    /// [`KNOWN_DEFECT`](super::KNOWN_DEFECT)): a bounded wait on a fair store cancelled
+    /// after its bound, by a client whose queue requests a fault may slow down. Whether it
+    /// does depends on timing, so CI leaves such plans out until the defect is fixed.
+    pub fn may_meet_known_defect(&self, mode: super::Mode) -> bool {
+        let slowed = |client: usize| {
+            self.strikes.iter().any(|strike| {
+                strike.client == client
+                    && strike.op == Op::Queue
+                    && !matches!(strike.fault, Fault::Fail(_))
+            })
+        };
+        mode != super::Mode::Plain
+            && self.tasks.iter().any(|task| {
+                slowed(task.client)
+                    && task.steps.iter().any(|step| {
+                        matches!(step, Step::Lock(Hold { how: How::UpTo(bound), cancel_after: Some(cancel), .. }) if cancel > bound)
+                    })
+            })
+    }
+}
+
 fn step(rng: &mut fastrand::Rng, keys: usize) -> Step {
     if rng.u8(..4) == 0 {
         return Step::Pause(millis(rng, 0..=300));
     }
-    let ttl = millis(rng, 300..=600);
+    // Short leases expire within the run (losses, takeovers); long ones outlive it, so a
+    // lease left behind by a cancelled acquisition or a lost release cannot hide by
+    // expiring before the settle time ends.
+    let ttl = match rng.u8(..4) {
+        0 => LONG_TTL,
+        _ => millis(rng, 300..=600),
+    };
     Step::Lock(Hold {
         key: rng.usize(..keys),
         how: match rng.u8(..3) {
@@ -158,7 +190,9 @@ fn strike(rng: &mut fastrand::Rng, clients: usize) -> Strike {
         2 => Fault::BlackHole,
         3 => Fault::ApplyThenDropReply,
         4 => Fault::ApplyThenDelayReply(millis(rng, 1..=300)),
-        _ if op == Op::Acquire => Fault::LandLate(millis(rng, 1..=300)),
+        // Within the request timeout: the core's second clean-up release comes a request
+        // timeout after the first, and is documented to cover no later landing.
+        _ if op == Op::Acquire => Fault::LandLate(millis(rng, 1..=200)),
         _ => Fault::Delay(millis(rng, 1..=300)),
     };
     Strike {
