@@ -18,28 +18,11 @@ use conformance_tests::simulation::{
 /// The seeds every CI run plays.
 const CI_SEEDS: std::ops::Range<u64> = 0..300;
 
-/// Seeds that met the core's known defect (`simulation::KNOWN_DEFECT`), with the plans
-/// of this version of the generator. CI leaves out every seed whose plan may meet it
-/// (`Plan::may_meet_known_defect`), these among them; `DISTLOCK_SIM_SEED` replays one.
-const KNOWN_FAILING: &[u64] = &[2231];
-
-/// Whether CI leaves `seed` out: its plan may meet the known defect, whose trigger depends
-/// on timing, so a seed that passes today could fail on a loaded machine.
-fn meets_known_defect(seed: u64) -> bool {
-    KNOWN_FAILING.contains(&seed)
-        || Plan::from_seed(seed).may_meet_known_defect(Mode::of_seed(seed))
-}
-
 /// Runs at once: each is one thread that mostly sleeps (TTLs are real time).
 const PARALLEL: u64 = 12;
 
 /// Plays `seeds` on [`PARALLEL`] threads; the runs that broke the contract.
-fn play(
-    seeds: std::ops::Range<u64>,
-    replay: bool,
-    skipped: &AtomicU64,
-    mut each: impl FnMut(&Run) + Send,
-) -> Vec<Run> {
+fn play(seeds: std::ops::Range<u64>, mut each: impl FnMut(&Run) + Send) -> Vec<Run> {
     let next = AtomicU64::new(seeds.start);
     let (failed, each) = (Mutex::new(Vec::new()), Mutex::new(&mut each));
     std::thread::scope(|scope| {
@@ -48,10 +31,6 @@ fn play(
                 let seed = next.fetch_add(1, Ordering::SeqCst);
                 if seed >= seeds.end {
                     return;
-                }
-                if !replay && meets_known_defect(seed) {
-                    skipped.fetch_add(1, Ordering::SeqCst);
-                    continue;
                 }
                 let run = run_seed(seed);
                 (each.lock().unwrap())(&run);
@@ -88,8 +67,7 @@ fn seeds() {
     let (range, show) = seeds_from_env().unwrap().unwrap_or((CI_SEEDS, false));
     let started = Instant::now();
     let mut seen = BTreeMap::<String, usize>::new();
-    let skipped = AtomicU64::new(0);
-    let failed = play(range.clone(), show, &skipped, |run| {
+    let failed = play(range.clone(), |run| {
         for event in run.history.events() {
             *seen.entry(tally(&event.what)).or_default() += 1;
         }
@@ -109,9 +87,8 @@ fn seeds() {
         }
     });
     println!(
-        "seeds {range:?}: {} failed, {} left out (known defect) in {:?}",
+        "seeds {range:?}: {} failed in {:?}",
         failed.len(),
-        skipped.load(Ordering::SeqCst),
         started.elapsed()
     );
     println!("events: {seen:?}");
@@ -195,12 +172,11 @@ fn paused_clock_does_not_move_the_core() {
     });
 }
 
-/// The known defect (`simulation::KNOWN_DEFECT`) on its own, found by seed 1016 of the
-/// generator at commit 6aa3a26: a bounded wait of 210 ms whose leave of the queue takes
-/// 122 ms is dropped 59 ms into that leave. Ignored until the core is fixed: run it with
-/// `cargo test -p conformance-tests --all-features --test simulation -- --ignored`.
+/// The defect the simulation found, on its own (seed 1016 of the generator at 6aa3a26,
+/// seed 2231 of this one): a bounded wait of 210 ms whose leave of the queue takes 122 ms
+/// is dropped 59 ms into that leave. Before the fix (`QueuePlace::leave` took its clean-up
+/// before awaiting the request) the queue entry stayed.
 #[test]
-#[ignore = "known defect of the core: a wait dropped while leaving the queue stays queued"]
 fn a_wait_dropped_while_leaving_the_queue_leaves_it() {
     use conformance_tests::{Fault, FaultyBackend, Op};
     use lock_core::backend::{DynBackend, LockBackend};

@@ -133,29 +133,6 @@ impl Plan {
     }
 }
 
-impl Plan {
-    /// Whether this plan, in `mode`, may meet the core's known defect (see
-    /// [`KNOWN_DEFECT`](super::KNOWN_DEFECT)): a bounded wait on a fair store cancelled
-    /// after its bound, by a client whose queue requests a fault may slow down. Whether it
-    /// does depends on timing, so CI leaves such plans out until the defect is fixed.
-    pub fn may_meet_known_defect(&self, mode: super::Mode) -> bool {
-        let slowed = |client: usize| {
-            self.strikes.iter().any(|strike| {
-                strike.client == client
-                    && strike.op == Op::Queue
-                    && !matches!(strike.fault, Fault::Fail(_))
-            })
-        };
-        mode != super::Mode::Plain
-            && self.tasks.iter().any(|task| {
-                slowed(task.client)
-                    && task.steps.iter().any(|step| {
-                        matches!(step, Step::Lock(Hold { how: How::UpTo(bound), cancel_after: Some(cancel), .. }) if cancel > bound)
-                    })
-            })
-    }
-}
-
 fn step(rng: &mut fastrand::Rng, keys: usize) -> Step {
     if rng.u8(..4) == 0 {
         return Step::Pause(millis(rng, 0..=300));

@@ -164,23 +164,32 @@ impl QueuePlace {
     /// Leaves now, within what is left of the wait (`until`), and in the background for
     /// whatever that does not finish.
     async fn leave(&mut self, until: Option<Instant>) {
-        let Some(leave) = self.leave.take() else {
+        // The clean-up stays armed until the leave is answered: a wait dropped while its
+        // leave is on its way (a slow store) must still leave, from `Drop`.
+        let Some((key, lease_id, timeout)) = self
+            .leave
+            .as_ref()
+            .map(|leave| (leave.key.clone(), leave.lease_id, leave.timeout))
+        else {
             return;
         };
         let budget = match until {
             Some(until) => until
                 .saturating_duration_since(Instant::now())
                 .max(LEAVE_GRACE)
-                .min(leave.timeout),
-            None => leave.timeout,
+                .min(timeout),
+            None => timeout,
         };
         let left = with_timeout(
             self.backend.name(),
             budget,
             "leave_queue",
-            self.backend.leave_queue(&leave.key, leave.lease_id),
+            self.backend.leave_queue(&key, lease_id),
         )
         .await;
+        let Some(leave) = self.leave.take() else {
+            return;
+        };
         let retry = match left {
             Ok(()) => None,
             Err(err) => {
