@@ -123,14 +123,14 @@ impl History {
     /// An empty history whose clock starts now.
     pub fn new() -> Self {
         History {
-            origin: Instant::now(),
+            origin: lock_core::backend::now(),
             events: Arc::default(),
         }
     }
 
     /// Records `what` for `task` now.
     pub fn record(&self, task: Option<usize>, what: What) {
-        let at = self.origin.elapsed();
+        let at = lock_core::backend::now().saturating_duration_since(self.origin);
         lock_unpoisoned(&self.events).push(Event { at, task, what });
     }
 

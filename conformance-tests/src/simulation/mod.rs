@@ -13,26 +13,19 @@
 //!
 //! # What is replayable, and what is not
 //!
-//! The plan is a pure function of the seed: replaying `S` plays exactly the same steps
-//! and faults (`a_seed_plays_one_plan`). The *interleaving* is not replayable, because
-//! the core reads `std::time::Instant` (lease deadlines, wait bounds, the renewal
-//! schedule, the memory store's expiry: about forty places), and no runtime can pause or
-//! seed that clock. Tokio's paused clock moves only `tokio::time`: with it, a 30 s lease
-//! stays valid after 60 simulated seconds, and the renewal engine, woken at a tokio
-//! instant its std clock has not reached, spins on the CPU until real time catches up
-//! (`paused_clock_does_not_move_the_core` keeps that finding honest). So runs are played
-//! in real time, with TTLs of 300-600 ms ([`LONG_TTL`] for one lease in four, so that a
-//! lease left behind outlives [`SETTLE`]). The other sources of nondeterminism follow from
-//! that one or do not affect the verdict: `LeaseId::random` reads the OS's entropy
-//! (`getrandom`), `HashMap`s in the store and the engine use a per-process random hasher,
-//! and the seeded jitter draws depend on how many draws came before.
+//! The plan is a pure function of the seed (`a_seed_plays_one_plan`), and so is the run:
+//! it plays on a current-thread runtime whose clock is paused, and the core reads that
+//! clock (`lock_core::backend::now`), so leases, wait bounds, the renewal schedule and the
+//! memory store's expiry all move on simulated time. Time advances only when every task
+//! waits, so a 10 s lease costs no real time, a run takes about half a millisecond, and a
+//! seed replays its whole history, instants included (`a_seed_replays_its_history`). The
+//! core's jitter draws from this thread's generator, seeded by the run. Lease ids still
+//! come from the OS's entropy and hash maps use a random hasher; neither changes what
+//! happens when (the replays above are exact).
 //!
-//! What keeps CI from flaking is therefore the checker, not an exact replay: each check
-//! compares instants whose order real time cannot invert on a correct core, or allows a
-//! generous [`LATENESS`] for a timer of the run's one thread (see [`checker`]). A slow
-//! machine makes a run slower, not wrong. A failing seed prints the command that replays
-//! its plan with the history shown; the same defect usually fails it again, but the exact
-//! history may differ.
+//! The checker still allows [`LATENESS`] for a timer, so the verdicts also hold for a core
+//! on real time (the TTLs are 300-600 ms, [`LONG_TTL`] for one lease in four, so that a
+//! lease left behind outlives [`SETTLE`]).
 //!
 //! The simulation found one defect of the core so far, now fixed: a bounded wait dropped
 //! while its leave of the queue was in flight stayed queued (`QueuePlace::leave` took its
@@ -131,11 +124,13 @@ pub fn run(seed: u64, mode: Mode, defect: Option<Defect>) -> Run {
     let plan = Plan::from_seed(seed);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
+        .start_paused(true)
         .build()
         .expect("a current-thread runtime");
     // The core's jitter draws from this thread's generator: the runtime's only thread.
     fastrand::seed(seed);
-    let history = History::new();
+    // On the paused clock the core and the history read: created inside the runtime.
+    let history = runtime.block_on(async { History::new() });
     runtime.block_on(play(mode, &plan, defect, &history));
     drop(runtime);
     let violations = check(&history.events());

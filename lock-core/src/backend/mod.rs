@@ -13,7 +13,7 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 mod detach;
 mod feed;
@@ -31,6 +31,7 @@ mod store_url;
 pub(crate) mod sync;
 
 pub use crate::patterns::DEFAULT_RETENTION;
+pub use crate::values::clock::now;
 pub use crate::values::default_drift_allowance;
 /// Re-exported so backend crates implement [`LockBackend`] with the same macro version.
 pub use async_trait::async_trait;
@@ -435,7 +436,7 @@ impl<B: LockBackend + ?Sized> LockBackendExt for B {
     async fn acquire_once(&self, request: &AcquireRequest, timeout: Duration) -> Result<Lease> {
         self.capabilities().check_ttl(request.ttl())?;
         let request = &*request.prepared(self.capabilities());
-        let sent_at = Instant::now();
+        let sent_at = crate::values::clock::now();
         let reply = request
             .attempt(within(
                 self.name(),
@@ -457,7 +458,7 @@ impl<B: LockBackend + ?Sized> LockBackendExt for B {
         timeout: Duration,
     ) -> Result<QueuedAttempt> {
         let request = &*request.prepared(self.capabilities());
-        let sent_at = Instant::now();
+        let sent_at = crate::values::clock::now();
         let turn = request
             .attempt(within(
                 self.name(),
@@ -478,7 +479,7 @@ impl<B: LockBackend + ?Sized> LockBackendExt for B {
 
     async fn renew_lease(&self, lease: &Lease, ttl: Duration, timeout: Duration) -> Result<Lease> {
         self.capabilities().check_ttl(ttl)?;
-        let sent_at = Instant::now();
+        let sent_at = crate::values::clock::now();
         let renewed = self.renew(lease.key(), lease.id(), self.capabilities().store_ttl(ttl));
         match within(self.name(), sent_at, timeout, "renew", renewed).await? {
             Ownership::Held => Ok(lease.renewed(ttl, sent_at)),
@@ -491,7 +492,15 @@ impl<B: LockBackend + ?Sized> LockBackendExt for B {
 
     async fn release_lease(&self, lease: &Lease, timeout: Duration) -> Result<ReleaseOutcome> {
         let released = self.release(lease.key(), lease.id());
-        match within(self.name(), Instant::now(), timeout, "release", released).await? {
+        match within(
+            self.name(),
+            crate::values::clock::now(),
+            timeout,
+            "release",
+            released,
+        )
+        .await?
+        {
             Ownership::Held => Ok(ReleaseOutcome::Released),
             Ownership::NotHeld => not_held_outcome(lease),
         }

@@ -36,7 +36,7 @@ impl Backoff {
             let Err(err) = &outcome else {
                 return (outcome, tries);
             };
-            let left = deadline.map(|at| at.saturating_duration_since(Instant::now()));
+            let left = deadline.map(|at| at.saturating_duration_since(crate::values::clock::now()));
             if left.is_some_and(|left| left.is_zero()) || !is_retryable(err) {
                 return (outcome, tries);
             }
@@ -175,7 +175,7 @@ mod tests {
 
     #[tokio::test]
     async fn retry_until_stops_at_its_deadline() {
-        let deadline = Instant::now() + Duration::from_millis(30);
+        let deadline = crate::values::clock::now() + Duration::from_millis(30);
         let (outcome, tries) = QUICK
             .retry_until(
                 Some(deadline),
@@ -186,10 +186,10 @@ mod tests {
         assert_eq!(outcome, Err("down"));
         assert!(tries > 1, "tried again before the deadline");
         // The last try starts no later than the deadline: no pause reaches past it.
-        assert!(Instant::now() < deadline + Duration::from_secs(1));
+        assert!(crate::values::clock::now() < deadline + Duration::from_secs(1));
         let (_, tries) = QUICK
             .retry_until(
-                Some(Instant::now()),
+                Some(crate::values::clock::now()),
                 |_: &&str| true,
                 || async { Err::<(), _>("down") },
             )

@@ -234,7 +234,7 @@ async fn keep_alive_once<S: SessionStore>(
     session: Arc<S::Session>,
     kind: Option<SessionKind>,
 ) -> (Instant, SessionNews) {
-    let sent_at = Instant::now();
+    let sent_at = crate::values::clock::now();
     let round_trip = KeepAliveSpan::new(store.name(), kind, session.keeper().session().id());
     let heard =
         tracing::Instrument::instrument(store.keep_alive(&session), round_trip.0.clone()).await;
@@ -457,7 +457,7 @@ mod tests {
         }
 
         async fn open(&self, _kind: SessionKind, ttl: Duration) -> Result<FakeSession> {
-            let sent_at = Instant::now();
+            let sent_at = crate::values::clock::now();
             self.opens.fetch_add(1, Ordering::SeqCst);
             // A round trip, during which other callers ask for the same session.
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -467,7 +467,7 @@ mod tests {
         async fn keep_alive(&self, _session: &FakeSession) -> SessionNews {
             let first = {
                 let mut sends = lock(&self.sends);
-                sends.push(Instant::now());
+                sends.push(crate::values::clock::now());
                 sends.len() == 1
             };
             if first && self.first_hangs {
@@ -576,7 +576,7 @@ mod tests {
         let opened_at = session.keeper().status().proven_at;
         let (mut one, mut other) = (session.keeper().session(), session.keeper().session());
         until(&mut one, |status| status.proven_at > opened_at).await;
-        let answered_at = Instant::now();
+        let answered_at = crate::values::clock::now();
         let sent_at = lock(&pool.store().sends)[0];
         let proven_at = one.status().proven_at;
         assert!(proven_at <= sent_at, "proven from the send, not the answer");

@@ -63,7 +63,7 @@ mod tests {
     #[tokio::test]
     async fn a_request_unanswered_by_its_deadline_names_the_store_and_the_request() {
         let silent = std::future::pending::<Result<()>>();
-        let sent_at = Instant::now();
+        let sent_at = crate::values::clock::now();
         let err = within(
             "redis",
             sent_at,

@@ -80,7 +80,6 @@ mod tests {
 
     use super::*;
     use crate::{ErrorKind, LockClient, MemoryBackend};
-    use std::time::Instant;
 
     /// While one task of the owner waits for a key held elsewhere, another task's
     /// `try_lock` fails at once and a bounded wait keeps its bound.
@@ -95,12 +94,15 @@ mod tests {
             async move { owner.lock("k").await }
         });
         // The waiter has started talking to the store once the slot is marked.
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = crate::values::clock::now() + Duration::from_secs(5);
         while !owner.state.is_acquiring(&LockKey::new("k").unwrap()) {
-            assert!(Instant::now() < deadline, "the waiter never started");
+            assert!(
+                crate::values::clock::now() < deadline,
+                "the waiter never started"
+            );
             tokio::task::yield_now().await;
         }
-        let started = Instant::now();
+        let started = crate::values::clock::now();
         let err = tokio::time::timeout(Duration::from_secs(2), owner.try_lock("k").into_future())
             .await
             .expect("try_lock blocked behind the owner's waiting task")

@@ -26,7 +26,7 @@ pub(crate) async fn acquire_held(
     key: LockKey,
     options: AcquireOptions,
 ) -> Result<Arc<HeldLock>> {
-    let started = Instant::now();
+    let started = crate::values::clock::now();
     let backend = core.backend.name();
     // Counted while it waits, in the local line or at the store (cancellation included).
     let _waiter = (options.wait != Wait::No).then(|| observe::Waiter::count(backend));
@@ -129,7 +129,7 @@ async fn acquire_lease(
         outcome = tracing::field::Empty,
     );
     async move {
-        let started = Instant::now();
+        let started = crate::values::clock::now();
         let request =
             AcquireRequest::new(key, options.ttl, options.drift_allowance(), options.renewal)
                 .with_holder_label(options.holder_label.clone())
@@ -368,7 +368,7 @@ mod tests {
                 link.feed.wake_all();
             }
             wait_until(|| link.attempts.load(Ordering::SeqCst) >= before + 4).await;
-            let released = Instant::now();
+            let released = crate::values::clock::now();
             guard.release().await.unwrap();
             let got = tokio::time::timeout(Duration::from_secs(1), waiting)
                 .await
@@ -381,9 +381,12 @@ mod tests {
     }
 
     async fn wait_until(mut check: impl FnMut() -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = crate::values::clock::now() + Duration::from_secs(5);
         while !check() {
-            assert!(Instant::now() < deadline, "not true within 5 s");
+            assert!(
+                crate::values::clock::now() < deadline,
+                "not true within 5 s"
+            );
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     }
@@ -462,10 +465,10 @@ mod tests {
         wait_until(|| link.releasing.load(Ordering::SeqCst) == 1).await;
         receiver.abort();
         let key = LockKey::new("k").unwrap();
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = crate::values::clock::now() + Duration::from_secs(5);
         while store.inspect(&key).await.unwrap().is_some() {
             assert!(
-                Instant::now() < deadline,
+                crate::values::clock::now() < deadline,
                 "the handed lease stayed held after its receiver was cancelled"
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -525,7 +528,7 @@ mod tests {
         .await;
         assert!(abandoned.is_err());
         let key = LockKey::new("k").unwrap();
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = crate::values::clock::now() + Duration::from_secs(5);
         let mut seen_held = false;
         loop {
             let held = store.inspect(&key).await.unwrap().is_some();
@@ -534,7 +537,7 @@ mod tests {
                 break;
             }
             assert!(
-                Instant::now() < deadline,
+                crate::values::clock::now() < deadline,
                 "the late grant was never released (seen held: {seen_held})"
             );
             tokio::time::sleep(Duration::from_millis(5)).await;

@@ -78,7 +78,7 @@ impl CleanupOf {
         runtime.spawn(async move {
             let give_up = (!session_bound).then(|| {
                 crate::values::options::saturating_add(
-                    Instant::now(),
+                    crate::values::clock::now(),
                     self.ttl.saturating_add(self.timeout),
                 )
             });

@@ -133,7 +133,7 @@ impl HeldLock {
         local_turn: Option<LocalTurn>,
     ) -> Arc<Self> {
         static NEXT: AtomicU64 = AtomicU64::new(1);
-        let held_since = Instant::now();
+        let held_since = crate::values::clock::now();
         let held = Arc::new(HeldLock {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
             core: Arc::clone(core),
@@ -327,7 +327,7 @@ impl HeldLock {
             return Err(self.lost_error());
         }
         let span = tracing::info_span!("distlock.renew", backend = self.backend().name(), key = %self.key, lease = %observe::lease_prefix(state.lease.id()), outcome = tracing::field::Empty);
-        let sent = Instant::now();
+        let sent = crate::values::clock::now();
         let result = self
             .backend()
             .renew_lease(

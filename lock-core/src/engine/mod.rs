@@ -137,7 +137,7 @@ pub(crate) fn outcome_name<T>(result: &crate::Result<T>) -> &'static str {
 #[cfg(test)]
 mod tests {
     use std::future::IntoFuture;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     use crate::backend::LockBackend;
     use crate::{ErrorKind, LockClient, LossReason, MemoryBackend};
@@ -149,7 +149,7 @@ mod tests {
         let store = MemoryBackend::new();
         let (client, rival) = (LockClient::new(store.clone()), LockClient::new(store));
         let (ttl, cap) = (Duration::from_millis(300), Duration::from_millis(900));
-        let started = Instant::now();
+        let started = crate::values::clock::now();
         let guard = client.lock("k").ttl(ttl).max_hold(cap).await.unwrap();
         let first = guard.lease().sent_at();
         let waiting = tokio::spawn(

@@ -75,7 +75,7 @@ where
                 subscribed_meanwhile,
             } => (failure, subscribed_meanwhile),
         };
-        let now = Instant::now();
+        let now = crate::values::clock::now();
         if wait.until.is_some_and(|until| now >= until) {
             return Err(match failure.kind() {
                 ErrorKind::HeldByAnother => Error::new(
@@ -138,7 +138,7 @@ impl Waiter<'_, '_> {
         A: FnMut(Duration) -> F,
         F: Future<Output = Result<Lease>>,
     {
-        let (wait, now) = (self.wait, Instant::now());
+        let (wait, now) = (self.wait, crate::values::clock::now());
         let (timeout, cut_by_wait) = match wait.until {
             Some(until) if until > now && until - now < wait.request_timeout => (until - now, true),
             _ => (wait.request_timeout, false),
@@ -218,7 +218,7 @@ impl Waiter<'_, '_> {
             Ok(Change::Released) => {
                 if self.woken_in_vain > 0 && self.wakes == Wakes::Herd {
                     let pause = self.wait.backoff.pause(self.woken_in_vain - 1);
-                    let resume = self.bounded(saturating_add(Instant::now(), pause));
+                    let resume = self.bounded(saturating_add(crate::values::clock::now(), pause));
                     sleep_until(TokioInstant::from_std(resume)).await;
                 }
                 self.woken_in_vain = self.woken_in_vain.saturating_add(1);

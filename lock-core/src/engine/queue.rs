@@ -92,7 +92,7 @@ async fn enqueue_within(
     loop {
         let timeout = match wait.until {
             Some(until) => until
-                .saturating_duration_since(Instant::now())
+                .saturating_duration_since(crate::values::clock::now())
                 .min(wait.request_timeout)
                 .max(Duration::from_millis(1)),
             None => wait.request_timeout,
@@ -102,7 +102,8 @@ async fn enqueue_within(
                 let pause = wait.backoff.pause(attempt);
                 attempt += 1;
                 if wait.until.is_some_and(|until| {
-                    crate::values::options::saturating_add(Instant::now(), pause) >= until
+                    crate::values::options::saturating_add(crate::values::clock::now(), pause)
+                        >= until
                 }) {
                     return Err(err);
                 }
@@ -114,7 +115,7 @@ async fn enqueue_within(
 }
 
 async fn enqueue(backend: &DynBackend, request: &AcquireRequest, timeout: Duration) -> Result<()> {
-    let sent = Instant::now();
+    let sent = crate::values::clock::now();
     let result = request
         .attempt(with_timeout(
             backend.name(),
@@ -175,7 +176,7 @@ impl QueuePlace {
         };
         let budget = match until {
             Some(until) => until
-                .saturating_duration_since(Instant::now())
+                .saturating_duration_since(crate::values::clock::now())
                 .max(LEAVE_GRACE)
                 .min(timeout),
             None => timeout,

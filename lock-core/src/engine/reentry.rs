@@ -2,7 +2,6 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use tokio::sync::Notify;
 
@@ -143,7 +142,7 @@ pub(crate) async fn acquire_reentrant(
             ),
         ));
     }
-    let until = options.wait.deadline_from(Instant::now());
+    let until = options.wait.deadline_from(crate::values::clock::now());
     let slot = Arc::clone(lock(&owner.slots).entry(key.clone()).or_default());
     let slot_use = SlotUse {
         owner: Arc::clone(owner),
@@ -199,7 +198,7 @@ pub(crate) async fn acquire_reentrant(
     let turn = AcquiringTurn(&slot);
     if let (Some(until), Wait::UpTo(_)) = (until, options.wait) {
         // Time spent waiting for the owner's other task counts against the bound.
-        options.wait = Wait::UpTo(until.saturating_duration_since(Instant::now()));
+        options.wait = Wait::UpTo(until.saturating_duration_since(crate::values::clock::now()));
     }
     let held = acquire_held(core, key, options).await?;
     lock(&slot.state).held = Some((Arc::clone(&held), 1));

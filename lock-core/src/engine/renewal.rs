@@ -123,7 +123,7 @@ impl Renewals {
                 inbox: Mutex::default(),
                 wake: Notify::new(),
                 next_wake: AtomicU64::new(0),
-                epoch: Instant::now(),
+                epoch: crate::values::clock::now(),
                 closed: AtomicBool::new(false),
             }),
         }
@@ -252,7 +252,7 @@ impl Engine {
             if closed && self.tracked.is_empty() {
                 return;
             }
-            self.due(Instant::now());
+            self.due(crate::values::clock::now());
             let next = self.schedule.first().map(|(at, _)| *at);
             let next_wake = next.map_or(u64::MAX, |at| self.shared.at(at));
             self.shared.next_wake.store(next_wake, Ordering::SeqCst);
@@ -281,7 +281,7 @@ impl Engine {
             id,
             Tracked {
                 held: Arc::downgrade(&held),
-                wake: Instant::now(),
+                wake: crate::values::clock::now(),
                 attempt: 0,
                 retry_at: None,
                 renewing: false,
@@ -304,7 +304,9 @@ impl Engine {
                 let Some(shared) = shared.upgrade() else {
                     return;
                 };
-                shared.post(Some(Instant::now()), |inbox| inbox.sessions.push(id));
+                shared.post(Some(crate::values::clock::now()), |inbox| {
+                    inbox.sessions.push(id)
+                });
                 if !alive {
                     return;
                 }
@@ -375,7 +377,7 @@ impl Engine {
         }
         let lease = state.lease;
         let deadline = lease.valid_until();
-        let now = Instant::now();
+        let now = crate::values::clock::now();
         if now >= deadline {
             held.mark_lost(
                 LossReason::DeadlinePassed,
@@ -521,7 +523,7 @@ impl Engine {
             outcome = tracing::field::Empty
         );
         let call = async move {
-            let sent_at = Instant::now();
+            let sent_at = crate::values::clock::now();
             let answer = with_timeout(backend.name(), timeout, "renew", async {
                 Ok(backend.renew_many(&items).await)
             })
@@ -554,7 +556,7 @@ impl Engine {
     }
 
     fn renewed(&mut self, renewed: Renewed) {
-        let now = Instant::now();
+        let now = crate::values::clock::now();
         for ((id, lease), result) in renewed.leases.into_iter().zip(renewed.results) {
             let Some(tracked) = self.tracked.get_mut(&id) else {
                 continue;
@@ -611,14 +613,14 @@ fn renew_at(held: &HeldLock, lease: &Lease) -> Option<Instant> {
 }
 
 fn far_future() -> Instant {
-    crate::values::options::saturating_add(Instant::now(), Duration::MAX)
+    crate::values::options::saturating_add(crate::values::clock::now(), Duration::MAX)
 }
 
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     use async_trait::async_trait;
 
@@ -654,8 +656,9 @@ mod tests {
                     ..MemoryBackend::new().capabilities().clone()
                 },
                 batches: AtomicU64::new(0),
-                session: (liveness == Liveness::Session)
-                    .then(|| SessionKeeper::new(Instant::now(), Duration::from_secs(60))),
+                session: (liveness == Liveness::Session).then(|| {
+                    SessionKeeper::new(crate::values::clock::now(), Duration::from_secs(60))
+                }),
                 renew_delay: Duration::ZERO,
                 asked: Default::default(),
             }
@@ -740,7 +743,7 @@ mod tests {
         }
         // Two long TTLs of short leases coming and going, sixty-four at a time, so that some
         // short lease, due with ~65 ms left, is in nearly every batch.
-        let churn = Instant::now();
+        let churn = crate::values::clock::now();
         let mut churning = Vec::new();
         for task in 0..64 {
             let client = client.clone();
@@ -788,7 +791,7 @@ mod tests {
             tasks_held
         );
         // Two TTLs: every lease is renewed about six times.
-        let watched = Instant::now();
+        let watched = crate::values::clock::now();
         let batches_before = backend.batches.load(Ordering::SeqCst);
         tokio::time::sleep(ttl * 2).await;
         let batches = backend.batches.load(Ordering::SeqCst) - batches_before;
@@ -827,7 +830,7 @@ mod tests {
         .map(|g| g.unwrap())
         .collect();
         let session = backend.session.as_ref().unwrap();
-        let sent = Instant::now();
+        let sent = crate::values::clock::now();
         session.kept_alive(sent);
         wait_until(|| guards.iter().all(|g| g.lease().sent_at() == sent)).await;
         session.disconnected();
@@ -860,7 +863,7 @@ mod tests {
             .await
             .unwrap();
         let session = backend.session.as_ref().unwrap();
-        let sent = Instant::now();
+        let sent = crate::values::clock::now();
         // No await in between: on this one-thread runtime the engine sees only both.
         session.kept_alive(sent);
         session.disconnected();
@@ -895,9 +898,12 @@ mod tests {
 
     /// Polls a condition with a deadline (an event with no notification to wait on).
     async fn wait_until(mut check: impl FnMut() -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = crate::values::clock::now() + Duration::from_secs(5);
         while !check() {
-            assert!(Instant::now() < deadline, "not true within 5 s");
+            assert!(
+                crate::values::clock::now() < deadline,
+                "not true within 5 s"
+            );
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     }

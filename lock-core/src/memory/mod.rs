@@ -150,7 +150,7 @@ impl MemoryBackend {
     pub fn end_session_holding(&self, key: &LockKey) -> bool {
         let freed: Vec<LockKey> = {
             let mut state = lock(&self.store.state);
-            let now = Instant::now();
+            let now = crate::values::clock::now();
             let session = match state.locks.get(key) {
                 Some(entry) if state.is_live(entry, now) => entry.session,
                 _ => None,
@@ -178,7 +178,7 @@ impl MemoryBackend {
     }
 
     fn expiry(&self, ttl: Duration) -> Result<Instant> {
-        Instant::now()
+        crate::values::clock::now()
             .checked_add(ttl)
             .ok_or_else(|| Error::invalid(format!("TTL {ttl:?} is too large")))
     }
@@ -201,7 +201,7 @@ impl MemoryBackend {
             None => None,
         };
         let mut state = lock(&self.store.state);
-        let now = Instant::now();
+        let now = crate::values::clock::now();
         if let Some(session) = &session {
             if state
                 .sessions
@@ -342,14 +342,14 @@ impl State {
         let id = self.last_session;
         self.sessions.insert(
             id,
-            crate::values::options::saturating_add(Instant::now(), ttl),
+            crate::values::options::saturating_add(crate::values::clock::now(), ttl),
         );
         id
     }
 
     /// Keeps a live session alive for `ttl` from now; `false` when it has ended.
     fn keep_alive(&mut self, session: u64, ttl: Duration) -> bool {
-        let now = Instant::now();
+        let now = crate::values::clock::now();
         match self.sessions.get_mut(&session) {
             Some(end) if now < *end => {
                 *end = crate::values::options::saturating_add(now, ttl);
@@ -380,7 +380,7 @@ impl LockBackend for MemoryBackend {
     async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<Ownership> {
         self.reachable()?;
         let expires_at = self.expiry(ttl)?;
-        let now = Instant::now();
+        let now = crate::values::clock::now();
         let mut state = lock(&self.store.state);
         let session = match state.locks.get(key) {
             Some(entry) if entry.lease_id == lease_id && state.is_live(entry, now) => entry.session,
@@ -399,7 +399,7 @@ impl LockBackend for MemoryBackend {
 
     async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<Ownership> {
         self.reachable()?;
-        let now = Instant::now();
+        let now = crate::values::clock::now();
         let live = {
             let mut state = lock(&self.store.state);
             let Some(entry) = state
@@ -420,7 +420,7 @@ impl LockBackend for MemoryBackend {
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
         self.reachable()?;
-        let now = Instant::now();
+        let now = crate::values::clock::now();
         let mut state = lock(&self.store.state);
         if self.capabilities.fair_ordering {
             state.prune_queue(key, now);
@@ -515,7 +515,7 @@ impl LockBackend for MemoryBackend {
             if state
                 .sessions
                 .get(&session)
-                .is_none_or(|end| Instant::now() >= *end)
+                .is_none_or(|end| crate::values::clock::now() >= *end)
             {
                 return Err(Error::unavailable(
                     "the session ended before the enqueue; retrying under a new session",
@@ -543,7 +543,7 @@ impl LockBackend for MemoryBackend {
         {
             let expires_at = self.expiry(request.ttl())?;
             let mut state = lock(&self.store.state);
-            state.prune_queue(request.key(), Instant::now());
+            state.prune_queue(request.key(), crate::values::clock::now());
             let own = state
                 .queues
                 .get_mut(request.key())
@@ -579,7 +579,7 @@ impl LockBackend for MemoryBackend {
 
     async fn read_record(&self, key: &LockKey) -> Result<Option<Record>> {
         self.reachable()?;
-        let now = Instant::now();
+        let now = crate::values::clock::now();
         let mut state = lock(&self.store.state);
         match state.records.get(key) {
             Some((record, until)) if now < *until => Ok(Some(record.clone())),
@@ -600,10 +600,10 @@ impl LockBackend for MemoryBackend {
     ) -> Result<Ownership> {
         self.reachable()?;
         Record::retention_millis(retention)?;
-        let until = Instant::now()
+        let until = crate::values::clock::now()
             .checked_add(retention)
             .ok_or_else(|| Error::invalid(format!("retention {retention:?} is too large")))?;
-        let now = Instant::now();
+        let now = crate::values::clock::now();
         let mut state = lock(&self.store.state);
         let holds = state
             .locks

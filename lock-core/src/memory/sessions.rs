@@ -3,7 +3,7 @@
 //! can cut or slow.
 
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::backend::{
     async_trait, lock_unpoisoned as lock, AcquireRequest, PooledSession, SessionKeeper,
@@ -129,7 +129,7 @@ impl SessionStore for MemorySessions {
     }
 
     async fn open(&self, _kind: SessionKind, ttl: Duration) -> Result<ClientSession> {
-        let sent_at = Instant::now();
+        let sent_at = crate::values::clock::now();
         let store_id = lock(&self.store()?.state).open_session(ttl);
         Ok(ClientSession {
             store_id,

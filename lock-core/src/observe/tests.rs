@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use metrics::{
@@ -185,9 +185,12 @@ impl LockBackend for Observed {
 
 /// Waits for a condition with a deadline (a metric has no notification to wait on).
 async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = crate::values::clock::now() + Duration::from_secs(10);
     while !check() {
-        assert!(Instant::now() < deadline, "{what}: not within 10 s");
+        assert!(
+            crate::values::clock::now() < deadline,
+            "{what}: not within 10 s"
+        );
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }

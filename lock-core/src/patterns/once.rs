@@ -128,7 +128,7 @@ impl OnceRequest {
                 }
                 Ok(Some(OnceTicket {
                     held,
-                    started: Instant::now(),
+                    started: crate::values::clock::now(),
                     at_least: self.at_least,
                     at_most,
                 }))

@@ -166,12 +166,13 @@ impl Lease {
 
     /// Time left before [`valid_until`](Self::valid_until), zero once it has passed.
     pub fn remaining(&self) -> Duration {
-        self.valid_until.saturating_duration_since(Instant::now())
+        self.valid_until
+            .saturating_duration_since(crate::values::clock::now())
     }
 
     /// Whether the local deadline is still ahead.
     pub fn is_valid(&self) -> bool {
-        Instant::now() < self.valid_until
+        crate::values::clock::now() < self.valid_until
     }
 
     /// The store session the lease lives by, on a session-bound backend.
@@ -221,7 +222,7 @@ mod tests {
 
     #[test]
     fn deadline_is_measured_from_send_minus_drift() {
-        let sent = Instant::now();
+        let sent = crate::values::clock::now();
         let lease = Lease::new(
             LockKey::new("k").unwrap(),
             LeaseId::random(),

@@ -1,5 +1,6 @@
 //! Plain values every layer shares: keys, leases and tokens, options, errors.
 
+pub(crate) mod clock;
 pub(crate) mod error;
 pub(crate) mod key;
 pub(crate) mod lease;

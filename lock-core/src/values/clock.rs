@@ -1,0 +1,12 @@
+//! The one clock the core reads: Tokio's. It is the system's monotonic clock, except in a
+//! test runtime whose clock is paused (`start_paused`), where it moves only as the runtime
+//! advances it: a simulation then runs TTLs of seconds in no time, and every deadline of
+//! the core (leases, waits, renewals, the memory store's expiry) moves with it.
+
+use std::time::Instant;
+
+/// Now, on the clock every deadline of the core is measured by. A backend measures the
+/// send times it reports (proofs of life) with it too.
+pub fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
