@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use conformance_tests::simulation::{
-    replay_command, run, run_seed, seeds_from_env, Check, Defect, Mode, Plan, Run, What,
+    replay_command, run, run_seed, seeds_from_env, shrink, Check, Defect, Mode, Plan, Run, What,
 };
 
 /// The seeds every CI run plays: about 6 s on the paused clock. With the queue-leave defect
@@ -93,16 +93,26 @@ fn seeds() {
         started.elapsed()
     );
     println!("events: {seen:?}");
-    for run in &failed {
+    let count = failed.len();
+    for run in failed {
         eprintln!("seed {} ({:?}) broke the contract:", run.seed, run.mode);
         run.violations.iter().for_each(|v| eprintln!("  {v}"));
         eprintln!("  replay: {}", replay_command(run.seed));
+        let small = shrink(run, None);
+        eprintln!(
+            "  shrunk to {} task(s) and {} fault(s):",
+            small.plan.tasks.len(),
+            small.plan.strikes.len()
+        );
+        small.plan.tasks.iter().for_each(|t| eprintln!("    {t:?}"));
+        small
+            .plan
+            .strikes
+            .iter()
+            .for_each(|s| eprintln!("    {s:?}"));
+        small.violations.iter().for_each(|v| eprintln!("    {v}"));
     }
-    assert!(
-        failed.is_empty(),
-        "{} seeds broke the contract",
-        failed.len()
-    );
+    assert!(count == 0, "{count} seeds broke the contract");
 }
 
 #[test]
@@ -111,6 +121,36 @@ fn a_seed_plays_one_plan() {
         assert_eq!(Plan::from_seed(seed), Plan::from_seed(seed));
     }
     assert_ne!(Plan::from_seed(1), Plan::from_seed(2));
+}
+
+/// A failing run shrinks to a smaller plan that still breaks the same guarantee.
+#[test]
+fn a_failing_run_shrinks() {
+    let defect = Defect::GrantWhileHeld;
+    let failed = CI_SEEDS
+        .map(|seed| run(seed, Mode::Plain, Some(defect)))
+        .find(|run| run.plan.tasks.len() > 2 && !run.violations.is_empty())
+        .expect("the broken store fails a CI seed with more than two tasks");
+    let size = |plan: &Plan| {
+        plan.tasks.len()
+            + plan.strikes.len()
+            + plan.tasks.iter().map(|t| t.steps.len()).sum::<usize>()
+    };
+    let (before, checks) = (
+        size(&failed.plan),
+        failed
+            .violations
+            .iter()
+            .map(|v| v.check)
+            .collect::<Vec<_>>(),
+    );
+    let small = shrink(failed, Some(defect));
+    assert!(size(&small.plan) < before, "nothing was left out");
+    assert!(
+        small.violations.iter().any(|v| checks.contains(&v.check)),
+        "the shrunk plan no longer fails: {:?}",
+        small.violations
+    );
 }
 
 /// On the paused clock a seed replays its whole history, instants included, not only its

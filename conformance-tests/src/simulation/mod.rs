@@ -39,6 +39,7 @@
 mod broken;
 pub mod checker;
 mod history;
+mod shrink;
 mod workload;
 
 use std::collections::HashMap;
@@ -51,6 +52,7 @@ use lock_core::{LockClient, LockKey, MemoryBackend};
 pub use broken::{Broken, Defect};
 pub use checker::{check, Check, Violation, LATENESS};
 pub use history::{Event, History, What};
+pub use shrink::shrink;
 pub use workload::{End, Hold, How, Plan, Step, Strike, Task, LONG_TTL, REQUEST_TIMEOUT};
 
 use crate::faults::FaultyBackend;
@@ -121,7 +123,12 @@ pub fn run_seed(seed: u64) -> Run {
 /// Runs seed `seed` in `mode`, the store broken by `defect` if any. Builds its own
 /// runtime: call it on a thread of its own (not from async code).
 pub fn run(seed: u64, mode: Mode, defect: Option<Defect>) -> Run {
-    let plan = Plan::from_seed(seed);
+    run_plan(seed, Plan::from_seed(seed), mode, defect)
+}
+
+/// Plays `plan` (seed `seed`'s, or one shrunk from it: the seed still drives the core's
+/// jitter) in `mode`, the store broken by `defect` if any.
+pub fn run_plan(seed: u64, plan: Plan, mode: Mode, defect: Option<Defect>) -> Run {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
