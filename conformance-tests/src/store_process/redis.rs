@@ -27,20 +27,36 @@ impl StoreSpec {
             "always",
         ])
     }
+
+    /// `redis-server` without persistence, replicating the server on `127.0.0.1:primary`:
+    /// ready only once its link to the primary is up and the first sync is done
+    /// (`master_link_status:up`), so a test can count on it from the start.
+    pub fn redis_replica_of(primary: u16) -> Self {
+        let primary = primary.to_string();
+        redis_with(&["--save", "", "--appendonly", "no"])
+            .args(move |port, dir| {
+                let mut args = redis_args(port, dir, &["--save", "", "--appendonly", "no"]);
+                args.extend(["--replicaof".into(), "127.0.0.1".into(), primary.clone()]);
+                args
+            })
+            .probe(redis_replica_synced)
+    }
 }
 
 fn redis_with(persistence: &'static [&'static str]) -> StoreSpec {
     StoreSpec::new("redis-server", "redis-server")
-        .args(move |port, dir| {
-            let (port, dir) = (port.to_string(), dir.display().to_string());
-            let common = ["--port", &port, "--bind", "127.0.0.1", "--dir", &dir];
-            let common = common.into_iter().chain(["--daemonize", "no"]);
-            common
-                .chain(persistence.iter().copied())
-                .map(str::to_owned)
-                .collect()
-        })
+        .args(move |port, dir| redis_args(port, dir, persistence))
         .probe(redis_ping)
+}
+
+fn redis_args(port: u16, dir: &std::path::Path, persistence: &[&str]) -> Vec<String> {
+    let (port, dir) = (port.to_string(), dir.display().to_string());
+    let common = ["--port", &port, "--bind", "127.0.0.1", "--dir", &dir];
+    let common = common.into_iter().chain(["--daemonize", "no"]);
+    common
+        .chain(persistence.iter().copied())
+        .map(str::to_owned)
+        .collect()
 }
 
 /// Redis accepts connections while it is still loading its data set and answers `-LOADING`
@@ -65,5 +81,38 @@ async fn redis_ping(addr: SocketAddr) -> io::Result<()> {
             "PING answered {:?}",
             reply.trim_end()
         )))
+    }
+}
+
+/// Ready when serving and in sync with its primary: `INFO replication` says
+/// `master_link_status:up` (a replica still loading the primary's snapshot says `down`).
+async fn redis_replica_synced(addr: SocketAddr) -> io::Result<()> {
+    redis_ping(addr).await?;
+    let mut stream = TcpStream::connect(addr).await?;
+    stream.write_all(b"INFO replication\r\n").await?;
+    // A bulk reply: `$<length>\r\n<text>\r\n`.
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 1024];
+    loop {
+        if let Some(end) = reply.windows(2).position(|w| w == b"\r\n") {
+            let length: usize = String::from_utf8_lossy(&reply[1..end])
+                .parse()
+                .map_err(|_| io::Error::other("INFO answered no bulk string"))?;
+            if reply.len() >= end + 2 + length {
+                let text = String::from_utf8_lossy(&reply[end + 2..end + 2 + length]);
+                return if text.contains("master_link_status:up") {
+                    Ok(())
+                } else {
+                    Err(io::Error::other(
+                        "the replica's link to its primary is not up yet",
+                    ))
+                };
+            }
+        }
+        let n = stream.read(&mut buf).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        reply.extend_from_slice(&buf[..n]);
     }
 }
