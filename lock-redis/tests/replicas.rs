@@ -8,8 +8,10 @@ use std::time::{Duration, Instant};
 
 use conformance_tests::store_process::{StoreProcess, StoreSpec};
 use conformance_tests::within;
-use lock_core::backend::{default_drift_allowance, AcquireRequest};
-use lock_core::{AcquireOptions, ErrorKind, LeaseHealth, LockClient, LockKey, Renewal, Wait};
+use lock_core::backend::{default_drift_allowance, AcquireRequest, Record};
+use lock_core::{
+    AcquireOptions, ErrorKind, LeaseHealth, LeaseId, LockClient, LockKey, Renewal, Wait,
+};
 use support::{connect, entry, lock_key, redis_url, start_redis};
 
 /// How long the tests let a replica take to confirm.
@@ -145,6 +147,40 @@ async fn an_unconfirmed_renewal_does_not_extend_the_lease() {
     .await
     .unwrap();
     replica.resume().unwrap();
+}
+
+/// A record the frozen replica does not confirm is not reported written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unconfirmed_record_write_fails_unavailable() {
+    let (primary, replica) = primary_and_replica().await;
+    let backend = connect(&confirmed_url(&primary, "1")).await;
+    let key = key("record");
+    let lease = LeaseId::random();
+    let token = backend
+        .try_acquire(&request(&key, Duration::from_secs(30)).with_lease_id(lease))
+        .await
+        .unwrap()
+        .unwrap()
+        .token();
+    let record = Record {
+        value: b"done".to_vec(),
+        fingerprint: None,
+        token,
+    };
+    let key = LockKey::new(&key).unwrap();
+    let retention = Duration::from_secs(60);
+    replica.pause().unwrap();
+    let err = backend
+        .write_record(&key, lease, &record, retention)
+        .await
+        .unwrap_err();
+    replica.resume().unwrap();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(backend
+        .write_record(&key, lease, &record, retention)
+        .await
+        .unwrap()
+        .is_held());
 }
 
 /// (d) `replicas=all` asks for every replica online at the time: a frozen one (still
