@@ -123,8 +123,8 @@ async fn an_unconfirmed_renewal_does_not_extend_the_lease() {
     let ttl = Duration::from_secs(2);
     let manual = LockClient::new(backend.clone()).with_defaults(options(ttl, Renewal::Manual));
     let automatic = LockClient::new(backend).with_defaults(options(ttl, Renewal::Auto));
-    let manual_guard = manual.lock(&key("manual")).await.unwrap();
-    let auto_guard = automatic.lock(&key("auto")).await.unwrap();
+    let manual_guard = manual.lock(key("manual")).await.unwrap();
+    let auto_guard = automatic.lock(key("auto")).await.unwrap();
     let deadline = manual_guard.lease().valid_until();
 
     replica.pause().unwrap();
