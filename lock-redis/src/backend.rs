@@ -12,11 +12,12 @@ use lock_core::{Capabilities, Error, ErrorKind, FencingToken, LeaseId, LockKey, 
 use redis::Script;
 
 use crate::config::RedisConfig;
-use crate::entry::{label_arg, read_holder, release_if_owner, renew_if_owner, ttl_millis};
+use crate::entry::{label_arg, read_holder, release_if_owner, renew_if_owner_on, ttl_millis};
 use crate::error::unexpected_reply;
 use crate::keys::Layout;
 use crate::node::{Node, NodeOptions};
 use crate::notify::Notifier;
+use crate::replicas::Confirmation;
 
 static ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/acquire.lua")));
@@ -40,6 +41,8 @@ struct Inner {
     layout: Layout,
     notifier: Notifier,
     capabilities: Capabilities,
+    /// Replicas that must have each grant, renewal and record write before it counts.
+    confirmation: Option<Confirmation>,
 }
 
 impl RedisBackend {
@@ -88,6 +91,7 @@ impl RedisBackend {
                     records: true,
                     ..config.capabilities()
                 },
+                confirmation: Confirmation::of(config),
             }),
         })
     }
@@ -112,10 +116,13 @@ impl LockBackend for RedisBackend {
         &self.inner.capabilities
     }
 
+    /// With replica confirmation on, a grant the replicas do not confirm in time is
+    /// released again (best effort: if that fails too, the entry expires with its TTL) and
+    /// the attempt fails as [`ErrorKind::Unavailable`], so no unconfirmed guard exists.
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
         let inner = &self.inner;
-        let token: u64 = inner
-            .node
+        let pinned = inner.node.pin().await?;
+        let token: u64 = pinned
             .invoke(
                 ACQUIRE
                     .key(inner.layout.lock_key(request.key()))
@@ -126,7 +133,21 @@ impl LockBackend for RedisBackend {
                 "acquire",
             )
             .await?;
-        Ok((token > 0).then(|| FencingToken::new(token).into()))
+        if token == 0 {
+            return Ok(None);
+        }
+        if let Some(confirmation) = &inner.confirmation {
+            if let Err(unconfirmed) = confirmation.confirm(&pinned, "acquire").await {
+                if let Err(err) = self.release(request.key(), request.lease_id()).await {
+                    tracing::warn!(
+                        error = %err,
+                        "could not roll back an unconfirmed grant; it expires with its TTL"
+                    );
+                }
+                return Err(unconfirmed);
+            }
+        }
+        Ok(Some(FencingToken::new(token).into()))
     }
 
     async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<Ownership> {
@@ -141,9 +162,20 @@ impl LockBackend for RedisBackend {
             .unwrap_or_else(|| Err(unexpected_reply("renew", self.inner.node.shown())))
     }
 
+    /// With replica confirmation on, a batch the replicas do not confirm in time fails as
+    /// a whole ([`ErrorKind::Unavailable`]): an unconfirmed extension is no proof, so no
+    /// lease's deadline moves (the primary keeps the longer TTL, which only delays a rival).
     async fn renew_many(&self, leases: &[LeaseRenewal]) -> Vec<Result<Ownership>> {
         let inner = &self.inner;
-        match renew_if_owner(&inner.node, &inner.layout, leases).await {
+        let renewed = async {
+            let pinned = inner.node.pin().await?;
+            let renewed = renew_if_owner_on(&pinned, &inner.layout, leases).await?;
+            if let Some(confirmation) = &inner.confirmation {
+                confirmation.confirm(&pinned, "renew").await?;
+            }
+            Ok(renewed)
+        };
+        match renewed.await {
             Ok(renewed) => renewed.into_iter().map(Ok).collect(),
             Err(err) => vec![Err(err); leases.len()],
         }
@@ -225,8 +257,8 @@ impl LockBackend for RedisBackend {
     ) -> Result<Ownership> {
         let retention_ms = Record::retention_millis(retention)?;
         let inner = &self.inner;
-        let written: i64 = inner
-            .node
+        let pinned = inner.node.pin().await?;
+        let written: i64 = pinned
             .invoke(
                 WRITE_RECORD
                     .key(inner.layout.lock_key(key))
@@ -237,6 +269,10 @@ impl LockBackend for RedisBackend {
                 "write_record",
             )
             .await?;
+        // A record that was not written (the lease is gone) has nothing to confirm.
+        if let (1, Some(confirmation)) = (written, &inner.confirmation) {
+            confirmation.confirm(&pinned, "write_record").await?;
+        }
         Ok(Ownership::held_if(written == 1))
     }
 }

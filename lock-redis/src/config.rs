@@ -2,6 +2,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
+use std::num::NonZeroU32;
 use std::time::Duration;
 
 use lock_core::backend::StoreUrl;
@@ -38,6 +39,8 @@ pub(crate) const SCHEMES: &[&str] = &["redis", "rediss", "redis+redlock", "redis
 /// | `node_timeout_ms` | 200 | Redlock only: bound on one node's reply during a quorum operation |
 /// | `durable` | `false` | assert that every node runs with `appendonly yes` and `appendfsync always`, so fencing counters survive restarts (see the crate docs) |
 /// | `allow_eviction` | `false` | accept servers whose `maxmemory-policy` is not `noeviction`; fencing is then not durable and a lock can vanish (see the crate docs) |
+/// | `replicas` | off | single node only: after each grant, renewal or record write, `WAIT` until this many replicas have it (a positive number, or `all` for every replica online at the time), else roll a grant back and fail as [`ErrorKind::Unavailable`] (see the crate docs) |
+/// | `replica_timeout_ms` | 100 | with `replicas`: how long to wait for the replicas; below `response_timeout_ms` |
 ///
 /// Credentials never appear in `Debug` output or error messages.
 #[derive(Clone)]
@@ -69,6 +72,22 @@ pub struct RedisConfig {
     /// Single node only: subscribe to release notifications through this URL instead of
     /// the node's own (a replica, which receives the node's messages, or a proxy).
     pub subscriber_url: Option<String>,
+    /// Single node only: how many replicas must confirm each grant, renewal and record
+    /// write (`WAIT`) before it counts; `None` (the default) confirms nothing.
+    pub replicas: Option<Replicas>,
+    /// With [`replicas`](Self::replicas): how long one confirmation may wait. It stalls the
+    /// node's one connection meanwhile, so keep it short; below the response time-out.
+    pub replica_timeout: Duration,
+}
+
+/// How many replicas must confirm a write (the `replicas` URL option).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Replicas {
+    /// At least this many.
+    Count(NonZeroU32),
+    /// Every replica the primary reports online (`INFO replication`) just after the write;
+    /// none when it has none, so a primary that lost all its replicas still grants.
+    AllConnected,
 }
 
 /// One server of a configuration.
@@ -131,7 +150,20 @@ impl RedisConfig {
             );
         }
         let defaults = RedisConfig::defaults();
+        let replicas = take_replicas(&mut url)?;
+        let replica_timeout = url.take_millis("replica_timeout_ms")?;
+        if redlock && (replicas.is_some() || replica_timeout.is_some()) {
+            return Err(url.error(
+                "replicas and replica_timeout_ms are for one primary with replicas; Redlock's \
+                 nodes are independent primaries, each its own vote",
+            ));
+        }
+        if replicas.is_none() && replica_timeout.is_some() {
+            return Err(url.error("replica_timeout_ms needs replicas"));
+        }
         let config = RedisConfig {
+            replicas,
+            replica_timeout: replica_timeout.unwrap_or(defaults.replica_timeout),
             key_prefix: url.take_param("key_prefix").unwrap_or(defaults.key_prefix),
             connect_timeout: url
                 .take_millis("connect_timeout_ms")?
@@ -174,6 +206,11 @@ impl RedisConfig {
             durable: false,
             allow_eviction: false,
             subscriber_url: None,
+            replicas: None,
+            // Replicas on one network acknowledge within a millisecond or two (WAIT asks them
+            // at once); a hundred times that rides out a busy moment, while a stalled replica
+            // costs an acquisition little and holds the shared connection up only briefly.
+            replica_timeout: Duration::from_millis(100),
         }
     }
 
@@ -218,6 +255,22 @@ impl RedisConfig {
                      its SCAN pattern",
                     self.key_prefix
                 ),
+            ));
+        }
+        if self.replicas.is_some() && self.replica_timeout >= self.response_timeout {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "replica_timeout {:?} must be below the response time-out {:?}, which \
+                     bounds the WAIT's reply",
+                    self.replica_timeout, self.response_timeout
+                ),
+            ));
+        }
+        if self.redlock && self.replicas.is_some() {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                "replicas is for one primary with replicas, not Redlock",
             ));
         }
         if self.nodes.is_empty() {
@@ -284,6 +337,24 @@ impl RedisConfig {
     }
 }
 
+/// The `replicas` option: a positive number or `all`.
+fn take_replicas(url: &mut StoreUrl) -> Result<Option<Replicas>> {
+    let Some(value) = url.take_param("replicas") else {
+        return Ok(None);
+    };
+    if value.eq_ignore_ascii_case("all") {
+        return Ok(Some(Replicas::AllConnected));
+    }
+    value
+        .parse()
+        .map(|count| Some(Replicas::Count(count)))
+        .map_err(|_| {
+            url.error(&format!(
+                "replicas={value:?} is not a positive number or all"
+            ))
+        })
+}
+
 impl NodeAddr {
     /// `host:port`, with brackets around an IPv6 address.
     fn display(&self) -> String {
@@ -311,6 +382,8 @@ impl fmt::Debug for RedisConfig {
             .field("node_timeout", &self.node_timeout)
             .field("durable", &self.durable)
             .field("allow_eviction", &self.allow_eviction)
+            .field("replicas", &self.replicas)
+            .field("replica_timeout", &self.replica_timeout)
             .field(
                 "subscriber_url",
                 &self
@@ -414,6 +487,41 @@ mod tests {
     }
 
     use conformance_tests::everything_shown as all_text;
+
+    #[test]
+    fn replica_confirmation_is_opt_in() {
+        let off = RedisConfig::from_url("redis://h").unwrap();
+        assert_eq!(off.replicas, None);
+        let two = RedisConfig::from_url("redis://h?replicas=2&replica_timeout_ms=40").unwrap();
+        assert_eq!(
+            two.replicas,
+            Some(Replicas::Count(NonZeroU32::new(2).unwrap()))
+        );
+        assert_eq!(two.replica_timeout, Duration::from_millis(40));
+        let all = RedisConfig::from_url("redis://h?replicas=ALL").unwrap();
+        assert_eq!(all.replicas, Some(Replicas::AllConnected));
+        assert_eq!(all.replica_timeout, Duration::from_millis(100));
+    }
+
+    #[test]
+    fn bad_replica_options_are_invalid_input() {
+        for url in [
+            "redis://h?replicas=0",
+            "redis://h?replicas=-1",
+            "redis://h?replicas=some",
+            "redis://h?replicas=",
+            "redis://h?replicas=1&replica_timeout_ms=0",
+            "redis://h?replicas=1&replica_timeout_ms=soon",
+            "redis://h?replica_timeout_ms=50",
+            "redis://h?replicas=1&replica_timeout_ms=5000",
+            "redis://h?replicas=1&replica_timeout_ms=300&response_timeout_ms=200",
+            "redis+redlock://a:1,b:2,c:3?replicas=1",
+            "redis+redlock://a:1,b:2,c:3?replicas=all&replica_timeout_ms=10",
+        ] {
+            let err = RedisConfig::from_url(url).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidInput, "{url}: {err}");
+        }
+    }
 
     /// Generated passwords full of URL-reserved characters: given raw, they are either
     /// refused or parsed, and never shown; given percent-encoded, they reach the Redis

@@ -17,7 +17,7 @@ use redis::Script;
 
 use crate::error::unexpected_reply;
 use crate::keys::{push_hex, text_of_hex, Layout};
-use crate::node::Node;
+use crate::node::{Node, Pinned};
 
 static INSPECT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/inspect.lua")));
@@ -117,6 +117,16 @@ pub(crate) async fn renew_if_owner(
     layout: &Layout,
     leases: &[LeaseRenewal],
 ) -> Result<Vec<Ownership>> {
+    renew_if_owner_on(&node.pin().await?, layout, leases).await
+}
+
+/// [`renew_if_owner`] on one connection, so a `WAIT` sent on it afterwards covers every
+/// renewal.
+pub(crate) async fn renew_if_owner_on(
+    node: &Pinned<'_>,
+    layout: &Layout,
+    leases: &[LeaseRenewal],
+) -> Result<Vec<Ownership>> {
     let calls = leases.chunks(RENEWALS_PER_SCRIPT).map(|chunk| async move {
         let mut invocation = RENEW_MANY.prepare_invoke();
         for lease in chunk {
@@ -127,7 +137,7 @@ pub(crate) async fn renew_if_owner(
         }
         let renewed: Vec<i64> = node.invoke(&invocation, "renew").await?;
         if renewed.len() != chunk.len() {
-            return Err(unexpected_reply("renew", node.shown()));
+            return Err(unexpected_reply("renew", node.node().shown()));
         }
         Ok(renewed)
     });

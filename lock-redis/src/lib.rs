@@ -27,11 +27,12 @@ mod node;
 mod notify;
 mod quorum;
 mod redlock;
+mod replicas;
 
 use std::sync::Arc;
 
 pub use backend::RedisBackend;
-pub use config::RedisConfig;
+pub use config::{RedisConfig, Replicas};
 pub use redlock::RedlockBackend;
 
 /// This crate in a table of stores (the `distlock` facade's): the `redis://` and

@@ -143,32 +143,28 @@ impl Node {
         }
     }
 
+    /// The current connection, held for several requests: see [`Pinned`].
+    pub(crate) async fn pin(&self) -> Result<Pinned<'_>> {
+        let (generation, connection) = self.connection().await?;
+        Ok(Pinned {
+            node: self,
+            generation,
+            connection,
+        })
+    }
+
     /// Runs a script (by hash; reloaded transparently after NOSCRIPT).
     pub(crate) async fn invoke<T: FromRedisValue>(
         &self,
         invocation: &ScriptInvocation<'_>,
         what: &str,
     ) -> Result<T> {
-        let (generation, mut connection) = self.connection().await?;
-        let mut guard = DiscardUnlessAnswered {
-            node: self,
-            generation,
-            answered: false,
-        };
-        let result = invocation.invoke_async(&mut connection).await;
-        guard.settle(result, what)
+        self.pin().await?.invoke(invocation, what).await
     }
 
     /// Runs one command.
     pub(crate) async fn query<T: FromRedisValue>(&self, cmd: &redis::Cmd, what: &str) -> Result<T> {
-        let (generation, mut connection) = self.connection().await?;
-        let mut guard = DiscardUnlessAnswered {
-            node: self,
-            generation,
-            answered: false,
-        };
-        let result = cmd.query_async(&mut connection).await;
-        guard.settle(result, what)
+        self.pin().await?.query(cmd, what).await
     }
 
     /// Lock entries under `pattern` (a `SCAN MATCH` pattern), for inspection and tests.
@@ -188,6 +184,50 @@ impl Node {
                 return Ok(found);
             }
             cursor = next;
+        }
+    }
+}
+
+/// One connection of a node, kept for requests that belong together: a `WAIT` sent through
+/// it waits for the writes sent through it before (Redis counts a client's own writes), which
+/// a `WAIT` on a fresh connection after a reconnect would not.
+pub(crate) struct Pinned<'a> {
+    node: &'a Node,
+    generation: u64,
+    connection: MultiplexedConnection,
+}
+
+impl Pinned<'_> {
+    /// The node this connection goes to.
+    pub(crate) fn node(&self) -> &Node {
+        self.node
+    }
+
+    /// Runs a script (by hash; reloaded transparently after NOSCRIPT) on this connection.
+    pub(crate) async fn invoke<T: FromRedisValue>(
+        &self,
+        invocation: &ScriptInvocation<'_>,
+        what: &str,
+    ) -> Result<T> {
+        let mut connection = self.connection.clone();
+        let mut guard = self.discard_unless_answered();
+        let result = invocation.invoke_async(&mut connection).await;
+        guard.settle(result, what)
+    }
+
+    /// Runs one command on this connection.
+    pub(crate) async fn query<T: FromRedisValue>(&self, cmd: &redis::Cmd, what: &str) -> Result<T> {
+        let mut connection = self.connection.clone();
+        let mut guard = self.discard_unless_answered();
+        let result = cmd.query_async(&mut connection).await;
+        guard.settle(result, what)
+    }
+
+    fn discard_unless_answered(&self) -> DiscardUnlessAnswered<'_> {
+        DiscardUnlessAnswered {
+            node: self.node,
+            generation: self.generation,
+            answered: false,
         }
     }
 }

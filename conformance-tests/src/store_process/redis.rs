@@ -27,20 +27,43 @@ impl StoreSpec {
             "always",
         ])
     }
+
+    /// `redis-server` without persistence, replicating the server on `127.0.0.1:primary`:
+    /// ready only once the first sync is done and the primary counts it as an online
+    /// replica, so a test can count on it from the start.
+    pub fn redis_replica_of(primary: u16) -> Self {
+        let primary_addr = SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, primary));
+        let primary = primary.to_string();
+        redis_with(&["--save", "", "--appendonly", "no"])
+            .args(move |port, dir| {
+                let mut args = redis_args(port, dir, &["--save", "", "--appendonly", "no"]);
+                args.extend(["--replicaof".into(), "127.0.0.1".into(), primary.clone()]);
+                args
+            })
+            .probe(move |addr| redis_replica_synced(addr, primary_addr))
+    }
 }
 
 fn redis_with(persistence: &'static [&'static str]) -> StoreSpec {
     StoreSpec::new("redis-server", "redis-server")
-        .args(move |port, dir| {
-            let (port, dir) = (port.to_string(), dir.display().to_string());
-            let common = ["--port", &port, "--bind", "127.0.0.1", "--dir", &dir];
-            let common = common.into_iter().chain(["--daemonize", "no"]);
-            common
-                .chain(persistence.iter().copied())
-                .map(str::to_owned)
-                .collect()
-        })
+        .args(move |port, dir| redis_args(port, dir, persistence))
         .probe(redis_ping)
+}
+
+fn redis_args(port: u16, dir: &std::path::Path, persistence: &[&str]) -> Vec<String> {
+    let (port, dir) = (port.to_string(), dir.display().to_string());
+    let common = ["--port", &port, "--bind", "127.0.0.1", "--dir", &dir];
+    // A replica syncs through a file: at once (a diskless sync first waits 5 s for others)
+    // and with the command stream flowing as soon as it is listed online (after a diskless
+    // sync Redis 7.0 holds the stream until the replica's first acknowledgement, up to a
+    // second later, so a `WAIT` right after readiness would time out).
+    let common = common
+        .into_iter()
+        .chain(["--daemonize", "no", "--repl-diskless-sync", "no"]);
+    common
+        .chain(persistence.iter().copied())
+        .map(str::to_owned)
+        .collect()
 }
 
 /// Redis accepts connections while it is still loading its data set and answers `-LOADING`
@@ -65,5 +88,49 @@ async fn redis_ping(addr: SocketAddr) -> io::Result<()> {
             "PING answered {:?}",
             reply.trim_end()
         )))
+    }
+}
+
+/// Ready when serving and in sync with the primary at `primary`, as both see it: the
+/// replica's `INFO replication` says `master_link_status:up` (`down` while it still loads
+/// the primary's snapshot), and the primary's lists it as `state=online` (which it does
+/// only once the replica has acknowledged, a little later), so a `WAIT` counts it at once.
+async fn redis_replica_synced(addr: SocketAddr, primary: SocketAddr) -> io::Result<()> {
+    redis_ping(addr).await?;
+    if !redis_info(addr).await?.contains("master_link_status:up") {
+        return Err(io::Error::other(
+            "the replica's link to its primary is not up yet",
+        ));
+    }
+    let listed = format!("port={},state=online", addr.port());
+    if !redis_info(primary).await?.contains(&listed) {
+        return Err(io::Error::other(
+            "the primary does not list the replica online yet",
+        ));
+    }
+    Ok(())
+}
+
+/// The server's `INFO replication` text.
+async fn redis_info(addr: SocketAddr) -> io::Result<String> {
+    let mut stream = TcpStream::connect(addr).await?;
+    stream.write_all(b"INFO replication\r\n").await?;
+    // A bulk reply: `$<length>\r\n<text>\r\n`.
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 1024];
+    loop {
+        if let Some(end) = reply.windows(2).position(|w| w == b"\r\n") {
+            let length: usize = String::from_utf8_lossy(&reply[1..end])
+                .parse()
+                .map_err(|_| io::Error::other("INFO answered no bulk string"))?;
+            if reply.len() >= end + 2 + length {
+                return Ok(String::from_utf8_lossy(&reply[end + 2..end + 2 + length]).into_owned());
+            }
+        }
+        let n = stream.read(&mut buf).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        reply.extend_from_slice(&buf[..n]);
     }
 }

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 
 use conformance_tests::factory::BoxFuture;
-use conformance_tests::factory::DEFAULT_SHORTEST_TTL;
+use conformance_tests::factory::{join_options, DEFAULT_SHORTEST_TTL};
 use conformance_tests::proxy::TcpFaultProxy;
 use conformance_tests::store_process::{StoreProcess, StoreSpec};
 use conformance_tests::ServerStore;
@@ -140,24 +140,41 @@ fn connect_url(url: String) -> BoxFuture<lock_core::Result<DynBackend>> {
 /// Script calls (every lock operation is one, a batch of renewals too) the server at
 /// `server` has run.
 fn evalsha_calls(server: SocketAddr) -> BoxFuture<Result<u64, String>> {
-    Box::pin(async move {
-        let raw = redis::Client::open(format!("redis://{server}/0")).map_err(|e| e.to_string())?;
-        let mut connection = raw
-            .get_multiplexed_async_connection()
-            .await
-            .map_err(|e| e.to_string())?;
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(&mut connection)
-            .await
-            .map_err(|e| e.to_string())?;
-        info.lines()
-            .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+    Box::pin(command_calls(server, &["evalsha"]))
+}
+
+/// On a primary, its script calls; on a replica, the script effects it applied, each
+/// batch of renewals one transaction (Redis propagates a script's writes as one
+/// `MULTI`/`EXEC`), so a replica shows the same batching as its primary.
+fn script_effects(server: SocketAddr) -> BoxFuture<Result<u64, String>> {
+    Box::pin(command_calls(server, &["evalsha", "exec"]))
+}
+
+/// How many times the server at `server` has run the commands `names`, together.
+async fn command_calls(server: SocketAddr, names: &[&str]) -> Result<u64, String> {
+    let raw = redis::Client::open(format!("redis://{server}/0")).map_err(|e| e.to_string())?;
+    let mut connection = raw
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| e.to_string())?;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut connection)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut total = 0;
+    for name in names {
+        let prefix = format!("cmdstat_{name}:calls=");
+        let calls = info
+            .lines()
+            .find_map(|line| line.strip_prefix(prefix.as_str()))
             .and_then(|rest| rest.split(',').next())
             .map_or(Ok(0), |calls| {
-                calls.parse().map_err(|_| format!("calls={calls}?"))
-            })
-    })
+                calls.parse::<u64>().map_err(|_| format!("calls={calls}?"))
+            })?;
+        total += calls;
+    }
+    Ok(total)
 }
 
 /// Key names that Redis, its glob patterns and the Lua scripts could treat specially:
@@ -205,6 +222,26 @@ pub const REDIS: ServerStore = ServerStore {
     shortest_ttl: DEFAULT_SHORTEST_TTL,
     end_session: None,
     hostile_keys: HOSTILE_KEYS,
+};
+
+/// A primary that knows [`USER`] and one replica in sync with it.
+async fn start_primary_and_replica() -> Result<Vec<StoreProcess>, String> {
+    let mut servers = start_with_user(1).await?;
+    let replica = StoreProcess::start(StoreSpec::redis_replica_of(servers[0].port()))
+        .await
+        .map_err(|err| format!("cannot start the replica: {err}"))?;
+    servers.push(replica);
+    Ok(servers)
+}
+
+/// One private primary with one replica, every grant, renewal and record confirmed by it
+/// (`replicas=1`); clients talk to the primary only.
+pub const REDIS_REPLICATED: ServerStore = ServerStore {
+    name: "redis-replicated",
+    start: || Box::pin(start_primary_and_replica()),
+    url: |addrs, options| redis_url(addrs[0], &join_options("replicas=1", options)),
+    renewal_requests: Some(script_effects),
+    ..REDIS
 };
 
 /// Five private servers under Redlock.
