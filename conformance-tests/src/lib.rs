@@ -23,8 +23,9 @@
 //! sits between a client and a real store to simulate partitions. [`store_process`]
 //! starts private store servers on free loopback ports and can pause, kill and restart them.
 //!
-//! [`simulation`] plays seeded, randomized workloads with faults through the core on the
-//! in-memory backend and checks the recorded history against the contract.
+//! `simulation` (cargo feature `simulation`) plays seeded, randomized workloads with faults
+//! through the core on the in-memory backend, on Tokio's paused clock, and checks the
+//! recorded history against the contract.
 
 pub mod capability_table;
 pub mod factory;
@@ -37,6 +38,7 @@ pub mod network;
 pub mod proxy;
 mod runner;
 pub mod scenarios;
+#[cfg(feature = "simulation")]
 pub mod simulation;
 pub mod store_process;
 
