@@ -18,34 +18,54 @@ pub fn shrink(failed: Run, defect: Option<Defect>) -> Run {
             .then_some(run)
     };
     let mut best = failed;
-    let mut index = 0;
-    while index < best.plan.tasks.len() {
-        let mut plan = best.plan.clone();
-        plan.tasks.remove(index);
-        match still_fails(&plan) {
-            Some(run) => best = run,
-            None => index += 1,
-        }
-    }
-    let mut index = 0;
-    while index < best.plan.strikes.len() {
-        let mut plan = best.plan.clone();
-        plan.strikes.remove(index);
-        match still_fails(&plan) {
-            Some(run) => best = run,
-            None => index += 1,
-        }
-    }
+    leave_out(
+        &mut best,
+        |plan| plan.tasks.len(),
+        |plan, i| {
+            plan.tasks.remove(i);
+        },
+        &still_fails,
+    );
+    leave_out(
+        &mut best,
+        |plan| plan.strikes.len(),
+        |plan, i| {
+            plan.strikes.remove(i);
+        },
+        &still_fails,
+    );
     for task in 0..best.plan.tasks.len() {
-        let mut step = 0;
-        while step < best.plan.tasks[task].steps.len() && best.plan.tasks[task].steps.len() > 1 {
-            let mut plan = best.plan.clone();
-            plan.tasks[task].steps.remove(step);
-            match still_fails(&plan) {
-                Some(run) => best = run,
-                None => step += 1,
-            }
-        }
+        // A task keeps one step: an empty task is the same as one left out.
+        leave_out(
+            &mut best,
+            |plan| match plan.tasks[task].steps.len() {
+                1 => 0,
+                steps => steps,
+            },
+            |plan, i| {
+                plan.tasks[task].steps.remove(i);
+            },
+            &still_fails,
+        );
     }
     best
+}
+
+/// Leaves out the parts of `best`'s plan one at a time (`count` of them, `remove` the one at
+/// an index), keeping each leaving-out after which the run still fails.
+fn leave_out(
+    best: &mut Run,
+    count: impl Fn(&Plan) -> usize,
+    remove: impl Fn(&mut Plan, usize),
+    still_fails: &impl Fn(&Plan) -> Option<Run>,
+) {
+    let mut index = 0;
+    while index < count(&best.plan) {
+        let mut plan = best.plan.clone();
+        remove(&mut plan, index);
+        match still_fails(&plan) {
+            Some(run) => *best = run,
+            None => index += 1,
+        }
+    }
 }
