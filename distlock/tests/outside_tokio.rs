@@ -52,9 +52,7 @@ fn connect_outside_a_runtime_is_an_error_for_every_scheme() {
     }
 }
 
-/// A program may connect through a backend crate without the facade: each crate's own
-/// connect functions refuse in the same way, before any store is touched.
-/// (A build without any backend crate has nothing to check.)
+/// A build without any backend crate has nothing to check here.
 #[cfg(any(
     feature = "sqlite",
     feature = "postgres",
@@ -63,104 +61,95 @@ fn connect_outside_a_runtime_is_an_error_for_every_scheme() {
     feature = "etcd",
     feature = "zookeeper"
 ))]
-#[test]
-fn a_backend_crates_connect_outside_a_runtime_is_an_error() {
-    let mut checked = Checked::default();
-    #[cfg(feature = "sqlite")]
-    {
-        use distlock::lock_sql::{connect, SqlBackend, SqlConfig};
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("locks.db").display());
-        checked.refuses("lock_sql::connect", || block_on(connect(&url)).map(drop));
-        let config = SqlConfig::from_url(&url).unwrap();
-        checked.refuses("SqlBackend::new", || SqlBackend::new(config).map(drop));
-    }
-    #[cfg(feature = "postgres")]
-    checked.refuses("lock_sql::connect (postgres)", || {
-        block_on(distlock::lock_sql::connect(
-            "postgres://u:hunter2@127.0.0.1:1/db",
-        ))
-        .map(drop)
-    });
-    #[cfg(feature = "mysql")]
-    checked.refuses("lock_sql::connect (mysql)", || {
-        block_on(distlock::lock_sql::connect(
-            "mysql://u:hunter2@127.0.0.1:1/db",
-        ))
-        .map(drop)
-    });
-    #[cfg(feature = "redis")]
-    {
-        use distlock::lock_redis::{connect, RedisBackend, RedisConfig, RedlockBackend};
-        let single = "redis://127.0.0.1:1";
-        let nodes = "redis+redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3";
-        checked.refuses("lock_redis::connect", || {
-            block_on(connect(single)).map(drop)
-        });
-        checked.refuses("lock_redis::connect (redlock)", || {
-            block_on(connect(nodes)).map(drop)
-        });
-        let single = RedisConfig::from_url(single).unwrap();
-        let nodes = RedisConfig::from_url(nodes).unwrap();
-        checked.refuses("RedisBackend::connect", || {
-            block_on(RedisBackend::connect(&single)).map(drop)
-        });
-        checked.refuses("RedlockBackend::connect", || {
-            block_on(RedlockBackend::connect(&nodes)).map(drop)
-        });
-    }
-    #[cfg(feature = "etcd")]
-    checked.refuses("lock_etcd::connect", || {
-        block_on(distlock::lock_etcd::connect("etcd://127.0.0.1:1")).map(drop)
-    });
-    #[cfg(feature = "zookeeper")]
-    checked.refuses("lock_zk::connect", || {
-        block_on(distlock::lock_zk::connect("zk://127.0.0.1:1")).map(drop)
-    });
-    checked.assert_all_refused();
-}
+mod backend_crates {
+    use super::block_on;
+    use distlock::ErrorKind;
 
-/// Connect entries checked one by one, so that one that panics does not hide the others.
-#[cfg(any(
-    feature = "sqlite",
-    feature = "postgres",
-    feature = "mysql",
-    feature = "redis",
-    feature = "etcd",
-    feature = "zookeeper"
-))]
-#[derive(Default)]
-struct Checked {
-    entries: usize,
-    failures: Vec<String>,
-}
-
-#[cfg(any(
-    feature = "sqlite",
-    feature = "postgres",
-    feature = "mysql",
-    feature = "redis",
-    feature = "etcd",
-    feature = "zookeeper"
-))]
-impl Checked {
-    /// Calls `connect` outside a runtime and notes how it did not refuse, if it did not.
-    fn refuses(&mut self, entry: &str, connect: impl FnOnce() -> distlock::Result<()>) {
-        self.entries += 1;
-        let failure = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(connect)) {
-            Err(_) => "panicked".to_string(),
-            Ok(Ok(())) => "connected".to_string(),
-            Ok(Err(err)) if err.kind() != ErrorKind::InvalidInput => format!("failed: {err}"),
-            Ok(Err(err)) if !err.to_string().contains("Tokio runtime") => {
-                format!("refused without naming the runtime: {err}")
-            }
-            Ok(Err(_)) => return,
-        };
-        self.failures.push(format!("{entry} {failure}"));
+    /// A program may connect through a backend crate without the facade: each crate's own
+    /// connect functions refuse in the same way, before any store is touched.
+    #[test]
+    fn a_backend_crates_connect_outside_a_runtime_is_an_error() {
+        let mut checked = Checked::default();
+        #[cfg(feature = "sqlite")]
+        {
+            use distlock::lock_sql::{connect, SqlBackend, SqlConfig};
+            let dir = tempfile::tempdir().unwrap();
+            let url = format!("sqlite://{}", dir.path().join("locks.db").display());
+            checked.refuses("lock_sql::connect", || block_on(connect(&url)).map(drop));
+            let config = SqlConfig::from_url(&url).unwrap();
+            checked.refuses("SqlBackend::new", || SqlBackend::new(config).map(drop));
+        }
+        #[cfg(feature = "postgres")]
+        checked.refuses("lock_sql::connect (postgres)", || {
+            block_on(distlock::lock_sql::connect(
+                "postgres://u:hunter2@127.0.0.1:1/db",
+            ))
+            .map(drop)
+        });
+        #[cfg(feature = "mysql")]
+        checked.refuses("lock_sql::connect (mysql)", || {
+            block_on(distlock::lock_sql::connect(
+                "mysql://u:hunter2@127.0.0.1:1/db",
+            ))
+            .map(drop)
+        });
+        #[cfg(feature = "redis")]
+        {
+            use distlock::lock_redis::{connect, RedisBackend, RedisConfig, RedlockBackend};
+            let single = "redis://127.0.0.1:1";
+            let nodes = "redis+redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3";
+            checked.refuses("lock_redis::connect", || {
+                block_on(connect(single)).map(drop)
+            });
+            checked.refuses("lock_redis::connect (redlock)", || {
+                block_on(connect(nodes)).map(drop)
+            });
+            let single = RedisConfig::from_url(single).unwrap();
+            let nodes = RedisConfig::from_url(nodes).unwrap();
+            checked.refuses("RedisBackend::connect", || {
+                block_on(RedisBackend::connect(&single)).map(drop)
+            });
+            checked.refuses("RedlockBackend::connect", || {
+                block_on(RedlockBackend::connect(&nodes)).map(drop)
+            });
+        }
+        #[cfg(feature = "etcd")]
+        checked.refuses("lock_etcd::connect", || {
+            block_on(distlock::lock_etcd::connect("etcd://127.0.0.1:1")).map(drop)
+        });
+        #[cfg(feature = "zookeeper")]
+        checked.refuses("lock_zk::connect", || {
+            block_on(distlock::lock_zk::connect("zk://127.0.0.1:1")).map(drop)
+        });
+        checked.assert_all_refused();
     }
 
-    fn assert_all_refused(self) {
-        assert!(self.entries > 0, "this build has no backend crate");
-        assert!(self.failures.is_empty(), "{:#?}", self.failures);
+    /// Connect entries checked one by one, so that one that panics does not hide the others.
+    #[derive(Default)]
+    struct Checked {
+        entries: usize,
+        failures: Vec<String>,
+    }
+
+    impl Checked {
+        /// Calls `connect` outside a runtime and notes how it did not refuse, if it did not.
+        fn refuses(&mut self, entry: &str, connect: impl FnOnce() -> distlock::Result<()>) {
+            self.entries += 1;
+            let failure = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(connect)) {
+                Err(_) => "panicked".to_string(),
+                Ok(Ok(())) => "connected".to_string(),
+                Ok(Err(err)) if err.kind() != ErrorKind::InvalidInput => format!("failed: {err}"),
+                Ok(Err(err)) if !err.to_string().contains("Tokio runtime") => {
+                    format!("refused without naming the runtime: {err}")
+                }
+                Ok(Err(_)) => return,
+            };
+            self.failures.push(format!("{entry} {failure}"));
+        }
+
+        fn assert_all_refused(self) {
+            assert!(self.entries > 0, "this build has no backend crate");
+            assert!(self.failures.is_empty(), "{:#?}", self.failures);
+        }
     }
 }
