@@ -44,6 +44,11 @@
 
 pub mod backend;
 mod client;
+#[cfg(feature = "defects")]
+#[doc(hidden)]
+pub mod defects;
+#[cfg(not(feature = "defects"))]
+mod defects;
 mod engine;
 pub mod memory;
 pub mod observe;

@@ -8,9 +8,10 @@ use lock_core::backend::{
     async_trait, lock_unpoisoned, AcquireRequest, DynBackend, Grant, HolderInfo, KeyWatch,
     LeaseRenewal, LockBackend, Ownership, Record, Turn,
 };
+use lock_core::defects::CoreDefect;
 use lock_core::{Capabilities, FencingToken, LeaseId, LockKey, Result};
 
-/// A defect a [`Broken`] store has.
+/// A defect a run has: of the store ([`Broken`] applies it) or of the core itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Defect {
     /// An attempt on a held key is granted anyway (with a token above the holder's).
@@ -19,6 +20,9 @@ pub enum Defect {
     StaleToken,
     /// A waiter's leave is answered but not applied: its queue entry stays.
     LeaveIgnored,
+    /// The store is correct; the core is broken (`lock_core::defects`, in force on the
+    /// run's thread for the whole run).
+    Core(CoreDefect),
 }
 
 /// Wraps a store and breaks its acquisitions by a [`Defect`]; everything else is

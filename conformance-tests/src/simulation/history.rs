@@ -99,6 +99,19 @@ pub enum What {
     },
     /// Every task ended; faults were healed.
     TasksEnded,
+    /// As the tasks ended, this many waiters were still queued for the key (clean-ups on
+    /// their way, or entries left behind).
+    QueuedAtEnd {
+        /// The key's index.
+        key: usize,
+        /// Live queue entries.
+        waiters: usize,
+    },
+    /// The key's queue, not empty as the tasks ended, emptied (before any newcomer came).
+    Drained {
+        /// The key's index.
+        key: usize,
+    },
     /// After the settle time, the store still had this key held or queued for.
     Leftover {
         /// The key's index.

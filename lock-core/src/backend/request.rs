@@ -156,6 +156,11 @@ impl AcquireRequest {
     /// expired session gives a lease that is over at once).
     pub fn grant(&self, grant: impl Into<Grant>, sent_at: Instant) -> Lease {
         let grant = grant.into();
+        let sent_at = if crate::defects::active(crate::defects::CoreDefect::LeaseFromReply) {
+            crate::values::clock::now()
+        } else {
+            sent_at
+        };
         let lease = Lease::new(
             self.key.clone(),
             self.lease_id,
@@ -186,7 +191,7 @@ impl AcquireRequest {
             format!(
                 "the grant of {:?} arrived after its local deadline ({:?} after it was sent)",
                 lease.key().as_str(),
-                lease.sent_at().elapsed()
+                crate::values::clock::since(lease.sent_at())
             ),
         ))
     }

@@ -82,6 +82,17 @@ async fn acquire_counted(
         wait: options.wait.remaining_from(started),
         ..options.clone()
     };
+    // The local line took the whole wait: going to the store now, even for one attempt,
+    // would end the wait a request time-out past its bound.
+    if remote.wait == Wait::UpTo(Duration::ZERO) && options.wait != remote.wait {
+        return Err(Error::new(
+            ErrorKind::TimedOut,
+            format!(
+                "{:?} stayed held by this client's other tasks for the whole wait",
+                key.as_str()
+            ),
+        ));
+    }
     let (lease, release_again) = acquire_lease(&core.backend, key, &remote).await?;
     HeldLock::start_unless_shut_down(core, lease, options, release_again, Some(turn)).await
 }
@@ -156,8 +167,9 @@ async fn acquire_lease(
         };
         let result = match options.wait {
             // Never queues, so never jumps a fair queue either: a fair store grants
-            // nothing while anyone waits.
-            Wait::No => {
+            // nothing while anyone waits. A wait of zero is such a try too: queueing and
+            // leaving again at once could only add round trips.
+            Wait::No | Wait::UpTo(Duration::ZERO) => {
                 backend
                     .acquire_once(&request, options.request_timeout)
                     .await
@@ -180,7 +192,10 @@ async fn acquire_lease(
         };
         let span = tracing::Span::current();
         if !span.is_disabled() {
-            span.record("wait_ms", started.elapsed().as_millis() as u64);
+            span.record(
+                "wait_ms",
+                crate::values::clock::since(started).as_millis() as u64,
+            );
             span.record("outcome", outcome_name(&result));
         }
         match &result {
@@ -193,7 +208,8 @@ async fn acquire_lease(
             // reach the store late, so a failed wait always cleans up.
             Err(err)
                 if matches!(err.kind(), ErrorKind::InvalidInput | ErrorKind::Unsupported)
-                    || (options.wait == Wait::No && err.kind() == ErrorKind::HeldByAnother) =>
+                    || (matches!(options.wait, Wait::No | Wait::UpTo(Duration::ZERO))
+                        && err.kind() == ErrorKind::HeldByAnother) =>
             {
                 cleanup.release = None;
             }

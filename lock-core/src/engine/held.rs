@@ -13,6 +13,7 @@ use tracing::Instrument;
 use crate::backend::{
     lock_unpoisoned, with_timeout, DynBackend, LockBackendExt, Ownership, ReleaseOutcome,
 };
+use crate::defects::{self, CoreDefect};
 use crate::engine::cleanup::{Cleanup, CleanupOf};
 use crate::engine::local::{Handoff, LocalTurn};
 use crate::engine::{outcome_name, ClientCore};
@@ -252,6 +253,11 @@ impl HeldLock {
 
     /// Records a renewal unless the lease ended meanwhile, or a later one was recorded.
     pub(crate) fn renewed(&self, lease: Lease) {
+        let lease = if defects::active(CoreDefect::LeaseFromReply) {
+            lease.renewed(lease.ttl(), crate::values::clock::now())
+        } else {
+            lease
+        };
         let mut state = lock_unpoisoned(&self.state);
         if state.status == Status::Held
             && state.lease.id() == lease.id()
@@ -281,7 +287,7 @@ impl HeldLock {
             drop(lock_unpoisoned(&self.local_turn).take());
             let backend = self.backend().name();
             observe::lost(backend, reason.as_str());
-            observe::hold_ended(backend, true, self.held_since.elapsed());
+            observe::hold_ended(backend, true, crate::values::clock::since(self.held_since));
             tracing::warn!(backend, key = %self.key, token = %self.token, lease = %observe::lease_prefix(self.lease().id()), reason = reason.as_str(), why, "lock lost");
             self.spawn_release(Some(Duration::ZERO));
         }
@@ -296,7 +302,11 @@ impl HeldLock {
 
     /// The hold ended by a release (or was left to expire).
     fn released(&self) {
-        observe::hold_ended(self.backend().name(), false, self.held_since.elapsed());
+        observe::hold_ended(
+            self.backend().name(),
+            false,
+            crate::values::clock::since(self.held_since),
+        );
     }
 
     /// Releases the lease in the background: at once when `now` is given, then again
@@ -338,7 +348,7 @@ impl HeldLock {
             .instrument(span.clone())
             .await;
         span.record("outcome", outcome_name(&result));
-        observe::renewal_call(self.backend().name(), sent.elapsed());
+        observe::renewal_call(self.backend().name(), crate::values::clock::since(sent));
         match result {
             Ok(lease) => {
                 self.renewed(lease);
@@ -509,7 +519,9 @@ async fn release_with_retry(
         Ok(ReleaseOutcome::Released) => Ok(Ownership::Held),
         // Gone before its deadline: our own unanswered attempt released it; if no attempt
         // went unanswered the store lost it (a restart without persistence).
-        Ok(ReleaseOutcome::AlreadyReleased) => Ok(Ownership::held_if(tries > 1)),
+        Ok(ReleaseOutcome::AlreadyReleased) => Ok(Ownership::held_if(
+            tries > 1 && !defects::active(CoreDefect::RetriedReleaseLost),
+        )),
         Err(err) if err.kind() == ErrorKind::Lost => Ok(Ownership::NotHeld),
         Err(err) => Err(err),
     }

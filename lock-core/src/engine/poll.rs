@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use tokio::time::{sleep_until, Instant as TokioInstant};
 
 use crate::backend::{Change, KeyWatch};
+use crate::defects::{self, CoreDefect};
 use crate::values::error::{Error, ErrorKind, Result};
 use crate::values::key::LockKey;
 use crate::values::lease::Lease;
@@ -66,7 +67,18 @@ where
         woken_in_vain: 0,
         attempts: 0,
     };
+    let mut last_failure: Option<Error> = None;
     loop {
+        // A pause that ran to the end of the wait ends it: another attempt now would get a
+        // whole request time-out past the bound.
+        if let Some(failure) = last_failure.take() {
+            if wait
+                .until
+                .is_some_and(|until| crate::values::clock::now() >= until)
+            {
+                return Err(timed_out(key, failure));
+            }
+        }
         let (failure, subscribed_meanwhile) = match waiter.attempt(&mut attempt_once).await {
             Attempted::Granted(lease) => return Ok(lease),
             Attempted::GaveUp(err) => return Err(err),
@@ -77,18 +89,25 @@ where
         };
         let now = crate::values::clock::now();
         if wait.until.is_some_and(|until| now >= until) {
-            return Err(match failure.kind() {
-                ErrorKind::HeldByAnother => Error::new(
-                    ErrorKind::TimedOut,
-                    format!("{:?} stayed held for the whole wait", key.as_str()),
-                ),
-                _ => failure,
-            });
+            return Err(timed_out(key, failure));
         }
         if subscribed_meanwhile && failure.kind() == ErrorKind::HeldByAnother {
             continue;
         }
         waiter.pause(failure.kind(), now).await;
+        last_failure = Some(failure);
+    }
+}
+
+/// How a wait that ran out after `failure` ends: timed out while the key was held, or
+/// with the failure itself (an unreachable store, say: the key may well be free).
+fn timed_out(key: &LockKey, failure: Error) -> Error {
+    match failure.kind() {
+        ErrorKind::HeldByAnother => Error::new(
+            ErrorKind::TimedOut,
+            format!("{:?} stayed held for the whole wait", key.as_str()),
+        ),
+        _ => failure,
     }
 }
 
@@ -139,8 +158,12 @@ impl Waiter<'_, '_> {
         F: Future<Output = Result<Lease>>,
     {
         let (wait, now) = (self.wait, crate::values::clock::now());
+        // A wait whose bound went by before this attempt (spent entering a fair queue)
+        // gets an attempt cut at once: one answered without a wait, or none.
         let (timeout, cut_by_wait) = match wait.until {
-            Some(until) if until > now && until - now < wait.request_timeout => (until - now, true),
+            Some(until) if until.saturating_duration_since(now) < wait.request_timeout => {
+                (until.saturating_duration_since(now), true)
+            }
             _ => (wait.request_timeout, false),
         };
         let once = attempt_once(timeout);
@@ -181,9 +204,7 @@ impl Waiter<'_, '_> {
                 // not poll together.
                 let max = wait.backoff.max;
                 let jittered = max / 2 + (max / 2).mul_f64(fastrand::f64());
-                let fallback = wait.until.map_or(saturating_add(now, jittered), |until| {
-                    saturating_add(now, jittered).min(until)
-                });
+                let fallback = within(wait, saturating_add(now, jittered));
                 let changed = tokio::select! {
                     changed = changes.changed() => changed,
                     () = sleep_until(TokioInstant::from_std(fallback)) => return,
@@ -228,8 +249,16 @@ impl Waiter<'_, '_> {
 
     /// `instant`, or the end of the wait if sooner.
     fn bounded(&self, instant: Instant) -> Instant {
-        self.wait.until.map_or(instant, |until| instant.min(until))
+        within(self.wait, instant)
     }
+}
+
+/// `instant`, or the end of `wait` if sooner.
+fn within(wait: &WaitSpec, instant: Instant) -> Instant {
+    if defects::active(CoreDefect::PauseBeyondWait) {
+        return instant;
+    }
+    wait.until.map_or(instant, |until| instant.min(until))
 }
 
 /// Runs `work` while driving a pending subscription, keeping the watch once it is made.

@@ -12,6 +12,7 @@
 use std::time::{Duration, Instant};
 
 use crate::backend::{with_timeout, AcquireRequest, DynBackend, LockBackendExt, QueuedAttempt};
+use crate::defects::{self, CoreDefect};
 use crate::engine::cleanup::{Cleanup, CleanupOf};
 use crate::engine::poll::{WaitStart, Wakes};
 use crate::values::error::{Error, ErrorKind, Result};
@@ -128,7 +129,7 @@ async fn enqueue(backend: &DynBackend, request: &AcquireRequest, timeout: Durati
         if err.kind() == ErrorKind::Unavailable {
             request.note_unanswered();
         }
-        tracing::debug!(error = %err, elapsed = ?sent.elapsed(), "enqueue failed");
+        tracing::debug!(error = %err, elapsed = ?crate::values::clock::since(sent), "enqueue failed");
     }
     result
 }
@@ -165,6 +166,9 @@ impl QueuePlace {
     /// Leaves now, within what is left of the wait (`until`), and in the background for
     /// whatever that does not finish.
     async fn leave(&mut self, until: Option<Instant>) {
+        if defects::active(CoreDefect::QueueEntryKept) {
+            self.leave = None;
+        }
         // The clean-up stays armed until the leave is answered: a wait dropped while its
         // leave is on its way (a slow store) must still leave, from `Drop`.
         let Some((key, lease_id, timeout)) = self
@@ -207,6 +211,9 @@ impl QueuePlace {
 
 impl Drop for QueuePlace {
     fn drop(&mut self) {
+        if defects::active(CoreDefect::QueueEntryKept) {
+            self.leave = None;
+        }
         if let Some(leave) = self.leave.take() {
             let schedule: Vec<Duration> = std::iter::once(Duration::ZERO)
                 .chain(self.again(leave.timeout))

@@ -28,6 +28,7 @@ use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::{sleep_until, Instant as TokioInstant};
 
 use crate::backend::{lock_unpoisoned, with_timeout, DynBackend, LeaseRenewal, Ownership, Session};
+use crate::defects::{self, CoreDefect};
 use crate::engine::held::{HeldLock, LossReason, Status};
 use crate::observe;
 use crate::values::error::{ErrorKind, Result};
@@ -378,6 +379,10 @@ impl Engine {
         let lease = state.lease;
         let deadline = lease.valid_until();
         let now = crate::values::clock::now();
+        if now >= deadline && defects::active(CoreDefect::NoLossAtDeadline) {
+            self.forget(id);
+            return;
+        }
         if now >= deadline {
             held.mark_lost(
                 LossReason::DeadlinePassed,
@@ -528,7 +533,7 @@ impl Engine {
                 Ok(backend.renew_many(&items).await)
             })
             .await;
-            observe::renewal_call(backend.name(), sent_at.elapsed());
+            observe::renewal_call(backend.name(), crate::values::clock::since(sent_at));
             tracing::Span::current().record("outcome", crate::engine::outcome_name(&answer));
             let results = match answer {
                 Ok(results) if results.len() == items.len() => results,

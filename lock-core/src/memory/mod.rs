@@ -177,6 +177,19 @@ impl MemoryBackend {
         true
     }
 
+    /// How many live waiters a fair store has in `key`'s queue now (none in a store that
+    /// is not fair): what the core's clean-ups leave behind, seen directly.
+    pub fn queued(&self, key: &LockKey) -> usize {
+        let state = lock(&self.store.state);
+        let now = crate::values::clock::now();
+        state.queues.get(key).map_or(0, |queue| {
+            queue
+                .iter()
+                .filter(|waiter| live(&state.sessions, waiter.session, waiter.expires_at, now))
+                .count()
+        })
+    }
+
     fn expiry(&self, ttl: Duration) -> Result<Instant> {
         crate::values::clock::now()
             .checked_add(ttl)
@@ -266,12 +279,23 @@ impl MemoryBackend {
     }
 }
 
+/// Whether an entry (a lease or a waiter) still lives: by its session where it has one,
+/// by its own expiry otherwise.
+fn live(
+    sessions: &HashMap<u64, Instant>,
+    session: Option<u64>,
+    expires_at: Instant,
+    now: Instant,
+) -> bool {
+    match session {
+        Some(session) => sessions.get(&session).is_some_and(|end| now < *end),
+        None => now < expires_at,
+    }
+}
+
 impl State {
     fn is_live(&self, entry: &Entry, now: Instant) -> bool {
-        match entry.session {
-            Some(session) => self.sessions.get(&session).is_some_and(|end| now < *end),
-            None => now < entry.expires_at,
-        }
+        live(&self.sessions, entry.session, entry.expires_at, now)
     }
 
     /// Whether a free key may go to `request` in a fair store: to the first live waiter,
@@ -291,10 +315,7 @@ impl State {
             return;
         };
         let head = queue.front().map(|w| w.lease_id);
-        queue.retain(|waiter| match waiter.session {
-            Some(session) => sessions.get(&session).is_some_and(|end| now < *end),
-            None => now < waiter.expires_at,
-        });
+        queue.retain(|waiter| live(sessions, waiter.session, waiter.expires_at, now));
         if queue.is_empty() {
             self.queues.remove(key);
         } else if queue.front().map(|w| w.lease_id) != head {
@@ -310,10 +331,8 @@ impl State {
             self.writes_since_sweep = 0;
             self.sessions.retain(|_, end| now < *end);
             let sessions = &self.sessions;
-            self.locks.retain(|_, entry| match entry.session {
-                Some(session) => sessions.get(&session).is_some_and(|end| now < *end),
-                None => now < entry.expires_at,
-            });
+            self.locks
+                .retain(|_, entry| live(sessions, entry.session, entry.expires_at, now));
             self.records.retain(|_, (_, until)| now < *until);
         }
     }

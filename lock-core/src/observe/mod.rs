@@ -61,7 +61,7 @@ pub(crate) fn lease_prefix(id: LeaseId) -> String {
 pub(crate) fn acquired(backend: &'static str, outcome: &'static str, started: Instant) {
     let labels = [("backend", backend), ("outcome", outcome)];
     metrics::counter!(ACQUISITIONS, &labels).increment(1);
-    metrics::histogram!(ACQUIRE_WAIT, &labels).record(started.elapsed());
+    metrics::histogram!(ACQUIRE_WAIT, &labels).record(crate::values::clock::since(started));
 }
 
 /// A hold ended, released or lost.

@@ -198,7 +198,9 @@ impl OnceTicket {
     /// [`ErrorKind::Lost`] when the hold had already run out (the job ran past
     /// `at_most`, so another replica may have started it).
     pub async fn finish(self) -> Result<()> {
-        let left = self.at_least.saturating_sub(self.started.elapsed());
+        let left = self
+            .at_least
+            .saturating_sub(crate::values::clock::since(self.started));
         if left.is_zero() {
             return self.held.finish().await;
         }

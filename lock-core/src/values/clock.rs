@@ -10,3 +10,9 @@ use std::time::Instant;
 pub fn now() -> Instant {
     tokio::time::Instant::now().into_std()
 }
+
+/// How long ago `start` (read from [`now`]) was, on the same clock: `Instant::elapsed`
+/// reads the system clock, which a paused runtime does not move.
+pub(crate) fn since(start: Instant) -> std::time::Duration {
+    now().saturating_duration_since(start)
+}

@@ -29,7 +29,9 @@ impl Wait {
     /// What is left of this wait after it began at `start`.
     pub(crate) fn remaining_from(self, start: Instant) -> Wait {
         match self {
-            Wait::UpTo(bound) => Wait::UpTo(bound.saturating_sub(start.elapsed())),
+            Wait::UpTo(bound) => {
+                Wait::UpTo(bound.saturating_sub(crate::values::clock::since(start)))
+            }
             other => other,
         }
     }
