@@ -145,10 +145,15 @@ async fn acquire_lease(
             AcquireRequest::new(key, options.ttl, options.drift_allowance(), options.renewal)
                 .with_holder_label(options.holder_label.clone())
                 .for_store(backend.capabilities());
-        tracing::Span::current().record(
-            "lease",
-            tracing::field::display(observe::lease_prefix(request.lease_id())),
-        );
+        let span = tracing::Span::current();
+        // Formatting the id costs more than the rest of an uncontended acquire's
+        // bookkeeping: only for a span someone records.
+        if !span.is_disabled() {
+            span.record(
+                "lease",
+                tracing::field::display(observe::lease_prefix(request.lease_id())),
+            );
+        }
         let mut cleanup = AbandonedAttempt {
             backend: backend.clone(),
             request: request.clone(),
