@@ -43,7 +43,7 @@ pub fn row(name: &str, caps: &Capabilities, label: HolderLabel) -> String {
         human(caps.min_ttl),
         human(caps.max_ttl),
         yes_no(caps.records),
-        yes_no(!caps.session_bound()),
+        yes_no(caps.once_holds()),
     )
 }
 

@@ -112,6 +112,10 @@ pub enum Needs {
     Records,
     /// No [`Capabilities::records`]: the refusal is what is checked.
     NoRecords,
+    /// [`Capabilities::once_holds`]: holds that live by their TTL alone (once tickets).
+    OnceHolds,
+    /// No [`Capabilities::once_holds`]: the refusal is what is checked.
+    NoOnceHolds,
 }
 
 impl Needs {
@@ -120,6 +124,12 @@ impl Needs {
         let caps = &offers.capabilities;
         match self {
             Needs::Nothing => Ok(()),
+            Needs::OnceHolds if !caps.once_holds() => {
+                Err("every hold is bound to a session: no hold lives by its TTL alone")
+            }
+            Needs::NoOnceHolds if caps.once_holds() => {
+                Err("holds can live by their TTL alone: once tickets work")
+            }
             Needs::FairOrdering if !caps.fair_ordering => {
                 Err("no fair ordering: waiters are not queued")
             }
@@ -240,11 +250,12 @@ scenarios! {
     sessions::session_expiry_loses_every_lease_before_a_rival_is_granted => SessionLink,
     sessions::disconnected_session_stops_extending_the_deadline => SessionLink,
     sessions::keep_alive_is_measured_from_its_send => SessionLink,
-    patterns::once_window_holds_for_at_least => LeaseTtl,
-    patterns::once_window_frees_at_at_most_after_a_crash => LeaseTtl,
-    patterns::once_ticket_never_renews => LeaseTtl,
+    patterns::once_window_holds_for_at_least => OnceHolds,
+    patterns::once_window_frees_at_at_most_after_a_crash => OnceHolds,
+    patterns::once_window_outlives_its_client => OnceHolds,
+    patterns::once_ticket_never_renews => OnceHolds,
     patterns::once_window_bounds_are_checked => Nothing,
-    patterns::once_window_is_refused_on_a_session_store => SessionBound,
+    patterns::once_window_is_refused_on_a_session_store => NoOnceHolds,
     patterns::with_lock_returns_the_body_value_and_releases => Nothing,
     patterns::with_lock_stops_its_body_when_renewals_fail => LeaseTtl,
     patterns::with_lock_stops_its_body_when_the_session_ends => SessionLink,

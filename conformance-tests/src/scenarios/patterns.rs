@@ -66,6 +66,33 @@ pub async fn once_window_frees_at_at_most_after_a_crash(ctx: &Ctx) -> Outcome {
     Ok(())
 }
 
+/// A ticket's hold outlives the client that took it: a client that shuts down (ending
+/// its sessions, on a session store) while its job runs, or whose process ends, leaves
+/// the key taken until `at_most` after the start, and not longer.
+pub async fn once_window_outlives_its_client(ctx: &Ctx) -> Outcome {
+    let key = ctx.key("once-outlives");
+    let at_most = ctx.short_ttl() * 2;
+    let (first, second) = (ctx.client().await?, ctx.client().await?);
+    let started = Instant::now();
+    let Some(ticket) = first.once(&key).at_most(at_most).await? else {
+        return Err(crate::Failure("a free key gave no once ticket".into()));
+    };
+    first.shutdown().await?;
+    drop((ticket, first));
+    ensure!(
+        second.once(&key).await?.is_none(),
+        "the key was free once the ticket's client shut down, before at_most"
+    );
+    let ticket = ticket_within(ctx, &second, &key, at_most + SLACK * 2).await?;
+    let taken_at = started.elapsed();
+    ticket.finish().await?;
+    ensure!(
+        taken_at >= at_most,
+        "the key was free {taken_at:?} after the start, before at_most {at_most:?}"
+    );
+    Ok(())
+}
+
 /// A ticket is never renewed: its hold runs out at `at_most` with no renewal sent, the
 /// holder learns it, and finishing afterwards reports the loss.
 pub async fn once_ticket_never_renews(ctx: &Ctx) -> Outcome {

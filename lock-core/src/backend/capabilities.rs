@@ -57,6 +57,14 @@ pub struct Capabilities {
     /// [`write_record`](crate::backend::LockBackend::write_record)), so
     /// [`LockClient::idempotent`](crate::LockClient::idempotent) works on it.
     pub records: bool,
+    /// Where leases are session-bound: the store can also keep a hold that no session
+    /// keeps or ends, by its TTL alone, judged by the store's clock (a request marked
+    /// [`detached`](crate::backend::AcquireRequest::detached)), and set its end with
+    /// [`expire_in`](crate::backend::LockBackend::expire_in). Then
+    /// [`LockClient::once`](crate::LockClient::once) works on it too
+    /// ([`once_holds`](Self::once_holds)). Meaningless for leases that live by their TTL
+    /// anyway.
+    pub detached_holds: bool,
 }
 
 impl Default for Capabilities {
@@ -76,6 +84,7 @@ impl Default for Capabilities {
             records_hint: None,
             ttl_granularity: Duration::from_millis(1),
             records: false,
+            detached_holds: false,
         }
     }
 }
@@ -85,6 +94,13 @@ impl Capabilities {
     /// it ends, not only when their TTL runs out.
     pub fn session_bound(&self) -> bool {
         self.liveness == Liveness::Session
+    }
+
+    /// Whether the store can keep a hold by its TTL alone, judged by its own clock, as a
+    /// once-per-window ticket needs: where leases live by their TTL, or, on a session-bound
+    /// store, with [`detached_holds`](Self::detached_holds).
+    pub fn once_holds(&self) -> bool {
+        !self.session_bound() || self.detached_holds
     }
 
     /// Refuses a TTL the store cannot keep, with [`ErrorKind::InvalidInput`](crate::ErrorKind).

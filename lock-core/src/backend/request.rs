@@ -26,6 +26,7 @@ pub struct AcquireRequest {
     drift: Duration,
     renewal: Renewal,
     holder_label: Option<Arc<str>>,
+    detached: bool,
     unanswered: Arc<AtomicBool>,
     /// Attempts sent whose outcome nobody has heard: a future dropped mid-attempt leaves
     /// its count here, since its request may still reach the store.
@@ -47,6 +48,7 @@ impl AcquireRequest {
             drift,
             renewal,
             holder_label: None,
+            detached: false,
             unanswered: Arc::default(),
             in_flight: Arc::default(),
         }
@@ -56,6 +58,22 @@ impl AcquireRequest {
     pub fn with_holder_label(mut self, label: Option<Arc<str>>) -> Self {
         self.holder_label = label;
         self
+    }
+
+    /// The same request for a hold that lives by its TTL alone, judged by the store's
+    /// clock: no session keeps it alive or ends it (a client that closes or crashes leaves
+    /// it to its TTL), and nothing renews it; its end may be set once with
+    /// [`expire_in`](crate::backend::LockBackend::expire_in). A once-per-window ticket's
+    /// hold. Sent only to backends whose leases live by their TTL anyway, or with
+    /// [`Capabilities::detached_holds`](crate::Capabilities::detached_holds).
+    pub fn detached(mut self) -> Self {
+        self.detached = true;
+        self
+    }
+
+    /// Whether the hold is to live by its TTL alone ([`detached`](Self::detached)).
+    pub fn is_detached(&self) -> bool {
+        self.detached
     }
 
     /// Who renews the lease once granted.

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::client::guard::LockGuard;
+use crate::engine::acquire::{acquire_held, Keeping};
 use crate::engine::reentry::{acquire_reentrant, OwnerState};
-use crate::engine::{acquire::acquire_held, ClientCore};
+use crate::engine::ClientCore;
 use crate::values::error::Result;
 use crate::values::key::LockKey;
 use crate::values::options::{AcquireOptions, LeaseSharing, Renewal, Wait};
@@ -157,7 +158,7 @@ impl IntoFuture for LockRequest {
                     Ok(LockGuard::new(held, Some(reentry)))
                 }
                 None => Ok(LockGuard::new(
-                    acquire_held(&self.core, key, options).await?,
+                    acquire_held(&self.core, key, options, Keeping::Renewed).await?,
                     None,
                 )),
             }

@@ -17,6 +17,15 @@ use crate::values::key::LockKey;
 use crate::values::lease::Lease;
 use crate::values::options::{AcquireOptions, LeaseSharing, Wait, WaitSpec};
 
+/// How a granted hold lives on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Keeping {
+    /// By its renewals, or its session, as its options say.
+    Renewed,
+    /// By its TTL alone, judged by the store's clock ([`AcquireRequest::detached`]).
+    Detached,
+}
+
 /// Acquires `key` per `options` and hands the lease to the client's renewal engine.
 ///
 /// The client's tasks that want the same key first line up locally, and only the one
@@ -25,12 +34,13 @@ pub(crate) async fn acquire_held(
     core: &Arc<ClientCore>,
     key: LockKey,
     options: AcquireOptions,
+    keeping: Keeping,
 ) -> Result<Arc<HeldLock>> {
     let started = crate::values::clock::now();
     let backend = core.backend.name();
     // Counted while it waits, in the local line or at the store (cancellation included).
     let _waiter = (options.wait != Wait::No).then(|| observe::Waiter::count(backend));
-    let held = acquire_counted(core, key, options, started).await;
+    let held = acquire_counted(core, key, options, keeping, started).await;
     observe::acquired(backend, outcome_name(&held), started);
     held
 }
@@ -39,6 +49,7 @@ async fn acquire_counted(
     core: &Arc<ClientCore>,
     key: LockKey,
     options: AcquireOptions,
+    keeping: Keeping,
     started: Instant,
 ) -> Result<Arc<HeldLock>> {
     core.refuse_if_shut_down()?;
@@ -93,7 +104,7 @@ async fn acquire_counted(
             ),
         ));
     }
-    let (lease, release_again) = acquire_lease(&core.backend, key, &remote).await?;
+    let (lease, release_again) = acquire_lease(&core.backend, key, &remote, keeping).await?;
     HeldLock::start_unless_shut_down(core, lease, options, release_again, Some(turn)).await
 }
 
@@ -129,6 +140,7 @@ async fn acquire_lease(
     backend: &DynBackend,
     key: LockKey,
     options: &AcquireOptions,
+    keeping: Keeping,
 ) -> Result<(Lease, Option<Duration>)> {
     let span = tracing::info_span!(
         "distlock.acquire",
@@ -145,6 +157,10 @@ async fn acquire_lease(
             AcquireRequest::new(key, options.ttl, options.drift_allowance(), options.renewal)
                 .with_holder_label(options.holder_label.clone())
                 .for_store(backend.capabilities());
+        let request = match keeping {
+            Keeping::Renewed => request,
+            Keeping::Detached => request.detached(),
+        };
         let span = tracing::Span::current();
         // Formatting the id costs more than the rest of an uncontended acquire's
         // bookkeeping: only for a span someone records.

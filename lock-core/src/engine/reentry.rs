@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 use crate::backend::lock_unpoisoned as lock;
-use crate::engine::acquire::acquire_held;
+use crate::engine::acquire::{acquire_held, Keeping};
 use crate::engine::held::HeldLock;
 use crate::engine::ClientCore;
 use crate::values::error::{Error, ErrorKind, Result};
@@ -200,7 +200,7 @@ pub(crate) async fn acquire_reentrant(
         // Time spent waiting for the owner's other task counts against the bound.
         options.wait = Wait::UpTo(until.saturating_duration_since(crate::values::clock::now()));
     }
-    let held = acquire_held(core, key, options).await?;
+    let held = acquire_held(core, key, options, Keeping::Renewed).await?;
     lock(&slot.state).held = Some((Arc::clone(&held), 1));
     drop(turn);
     Ok((held, Reentry { slot_use }))

@@ -36,7 +36,9 @@ pub use sessions::MemoryLink;
 /// - [`with_sessions`](Self::with_sessions): leases live by store sessions
 ///   ([`Liveness::Session`]), one per distinct TTL per client (and one per lease renewed
 ///   by hand), kept alive by one keep-alive task each; [`link`](Self::link) can cut or slow
-///   a client's connection to prove how the core follows sessions.
+///   a client's connection to prove how the core follows sessions. A
+///   [detached](crate::backend::AcquireRequest::detached) hold (a once ticket) belongs to
+///   no session and lives by its TTL ([`Capabilities::detached_holds`]).
 #[derive(Clone, Debug)]
 pub struct MemoryBackend {
     store: Arc<Store>,
@@ -121,6 +123,9 @@ impl MemoryBackend {
     /// renewal ([`Liveness::Session`]).
     pub fn with_sessions(mut self) -> Self {
         self.capabilities.liveness = Liveness::Session;
+        // A detached hold is an entry of no session, kept by its expiry like the
+        // store's TTL leases.
+        self.capabilities.detached_holds = true;
         self.sessions = Some(Arc::new(ClientSessions::new(&self.store)));
         self
     }
@@ -210,8 +215,10 @@ impl MemoryBackend {
         self.reachable()?;
         let expires_at = self.expiry(request.store_ttl())?;
         let session = match &self.sessions {
-            Some(sessions) => Some(sessions.session_for(request, request.store_ttl()).await?),
-            None => None,
+            Some(sessions) if !request.is_detached() => {
+                Some(sessions.session_for(request, request.store_ttl()).await?)
+            }
+            _ => None,
         };
         let mut state = lock(&self.store.state);
         let now = crate::values::clock::now();

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::capabilities::Capabilities;
-use crate::engine::acquire::acquire_held;
+use crate::engine::acquire::{acquire_held, Keeping};
 use crate::engine::held::HeldLock;
 use crate::engine::ClientCore;
 use crate::values::error::{Error, ErrorKind, Result};
@@ -28,10 +28,12 @@ use crate::values::options::{AcquireOptions, Renewal, Wait};
 ///   schedules differ a little do not run it again.
 ///
 /// Both are judged by the store's clock (they are TTLs), never by comparing the callers'
-/// clocks. Needs a backend whose holds live by their TTL alone: on a session-bound store
-/// ([`Capabilities::session_bound`](crate::Capabilities::session_bound)) the request is
-/// refused with [`ErrorKind::Unsupported`], as a session's hold can be neither kept
-/// without its session nor shortened.
+/// clocks. Needs a backend that can keep a hold by its TTL alone
+/// ([`Capabilities::once_holds`](crate::Capabilities::once_holds)): its leases live by
+/// their TTL, or it is session-bound but can also keep a hold that no session keeps or
+/// ends ([`Capabilities::detached_holds`](crate::Capabilities::detached_holds)). Elsewhere
+/// the request is refused with [`ErrorKind::Unsupported`], as a session's hold can be
+/// neither kept without its session nor shortened.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -103,11 +105,11 @@ impl OnceRequest {
             )));
         }
         let backend = &self.core.backend;
-        if backend.capabilities().session_bound() {
+        if !backend.capabilities().once_holds() {
             return Err(Error::new(
                 ErrorKind::Unsupported,
                 format!(
-                    "once-per-window holds need a store that keeps a hold by its TTL alone; {} binds holds to sessions",
+                    "once-per-window holds need a store that keeps a hold by its TTL alone; {} binds every hold to a session",
                     backend.name()
                 ),
             ));
@@ -118,7 +120,7 @@ impl OnceRequest {
             renewal: Renewal::Manual,
             ..self.defaults
         };
-        match acquire_held(&self.core, key, options).await {
+        match acquire_held(&self.core, key, options, Keeping::Detached).await {
             Ok(held) => {
                 if let Err(refused) = self.core.leave_to_expire_at_shutdown(&held) {
                     // The client is shutting down and may be giving the hold back already:
