@@ -289,7 +289,12 @@ impl HeldLock {
             observe::lost(backend, reason.as_str());
             observe::hold_ended(backend, true, crate::values::clock::since(self.held_since));
             tracing::warn!(backend, key = %self.key, token = %self.token, lease = %observe::lease_prefix(self.lease().id()), reason = reason.as_str(), why, "lock lost");
-            self.spawn_release(Some(Duration::ZERO));
+            // A hold left to expire (a once ticket's) ends by its TTL alone, by the store's
+            // clock: released at its local deadline, it would free the key a drift
+            // allowance early, inside the window it keeps.
+            if !self.core.left_to_expire(self.id) {
+                self.spawn_release(Some(Duration::ZERO));
+            }
         }
     }
 
@@ -357,7 +362,9 @@ impl HeldLock {
             Err(err) => {
                 if err.kind() == ErrorKind::Lost {
                     self.mark_lost(LossReason::NotHeld, err.message());
-                } else if !state.lease.is_valid() {
+                } else if !self.lease().is_valid() {
+                    // Judged by the lease as it is now: the engine may have renewed it while
+                    // this call was on its way.
                     self.mark_lost(LossReason::DeadlinePassed, err.message());
                 } else {
                     observe::renewal_failed(
@@ -425,8 +432,15 @@ impl HeldLock {
     pub(crate) async fn finish(&self) -> Result<()> {
         // The next local task goes to the store once this release is done (or abandoned).
         let mut turn = lock_unpoisoned(&self.local_turn).take();
-        let previous =
-            std::mem::replace(&mut lock_unpoisoned(&self.state).status, Status::Released);
+        // A lost lease stays lost: every guard that shares it (a reentrant owner's) hears so.
+        let previous = {
+            let mut state = lock_unpoisoned(&self.state);
+            let previous = state.status;
+            if previous == Status::Held {
+                state.status = Status::Released;
+            }
+            previous
+        };
         match previous {
             Status::Held => self.released(),
             Status::Lost => return Err(self.lost_error()),

@@ -64,6 +64,13 @@ impl ClientCore {
         self.refuse_if_shut_down()
     }
 
+    /// Whether hold `id` is to be left to expire rather than given back (a once ticket's).
+    pub(crate) fn left_to_expire(&self, id: u64) -> bool {
+        lock_unpoisoned(&self.holding)
+            .get(&id)
+            .is_some_and(|(_, at_shutdown)| *at_shutdown == AtShutdown::LeaveToExpire)
+    }
+
     /// A hold is gone (its last reference dropped).
     pub(crate) fn forget(&self, id: u64) {
         lock_unpoisoned(&self.holding).remove(&id);
