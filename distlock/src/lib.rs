@@ -27,7 +27,7 @@
 //! | `sqlite://PATH` | SQLite file, no server (`lock-sql`) | `sqlite` (default) |
 //! | `postgres://`, `postgresql://` | PostgreSQL (`lock-sql`) | `postgres` |
 //! | `mysql://`, `mariadb://` | MariaDB 10.5+ (`lock-sql`) | `mysql` |
-//! | `redis://`, `redis+redlock://` | Redis, Redlock (`lock-redis`) | `redis` (`rediss` with `redis-tls`) |
+//! | `redis://`, `redis+redlock://`, `redis+sentinel://` | Redis, Redlock, Redis behind Sentinel (`lock-redis`) | `redis` (`rediss` with `redis-tls`) |
 //! | `etcd://host:port[,host:port...][/prefix]` | etcd 3.4+ (`lock-etcd`) | `etcd` |
 //! | `zk://host:port[,host:port...][/chroot]` | ZooKeeper 3.5+ (`lock-zk`) | `zookeeper` |
 
@@ -125,6 +125,7 @@ const SCHEMES: &[(&str, &str, bool)] = &[
     ("mariadb", "mysql", cfg!(feature = "mysql")),
     ("redis", "redis", cfg!(feature = "redis")),
     ("redis+redlock", "redis", cfg!(feature = "redis")),
+    ("redis+sentinel", "redis", cfg!(feature = "redis")),
     ("rediss", "redis-tls", cfg!(feature = "redis-tls")),
     ("rediss+redlock", "redis-tls", cfg!(feature = "redis-tls")),
     ("etcd", "etcd", cfg!(feature = "etcd")),

@@ -18,14 +18,16 @@ use crate::keys::Layout;
 use crate::node::{Node, NodeOptions};
 use crate::notify::Notifier;
 use crate::replicas::Confirmation;
+use crate::sentinel::Sentinels;
 
 static ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/acquire.lua")));
 static WRITE_RECORD: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/write_record.lua")));
 
-/// Locks on one standalone Redis server (not a Redis Cluster: the batched renewal touches
-/// keys of many hash slots at once, which a Cluster node refuses).
+/// Locks on one standalone Redis server, or on the primary Redis Sentinel names, followed
+/// across failovers (not a Redis Cluster: the batched renewal touches keys of many hash
+/// slots at once, which a Cluster node refuses).
 ///
 /// Acquire, renew, release and inspect are each one Lua script run by hash, so every
 /// decision is atomic on the server and judged by the server's clock. Cloning is cheap and
@@ -46,8 +48,9 @@ struct Inner {
 }
 
 impl RedisBackend {
-    /// Connects to the single node of `config` (a Redlock configuration is refused with
-    /// [`ErrorKind::InvalidInput`]; use [`RedlockBackend`](crate::RedlockBackend)).
+    /// Connects to the single node of `config`, or behind Sentinel to the primary the
+    /// sentinels name (a Redlock configuration is refused with [`ErrorKind::InvalidInput`];
+    /// use [`RedlockBackend`](crate::RedlockBackend)).
     ///
     /// The connection is made at once, so a wrong address or password fails here, as
     /// [`ErrorKind::Unavailable`] or [`ErrorKind::PermissionDenied`]; a server that may
@@ -56,15 +59,20 @@ impl RedisBackend {
     pub async fn connect(config: &RedisConfig) -> Result<Self> {
         lock_core::backend::require_runtime("redis")?;
         config.validate()?;
-        let targets = config.node_targets()?;
-        let Ok([target]) = <[_; 1]>::try_from(targets) else {
-            return Err(Error::new(
-                ErrorKind::InvalidInput,
-                "RedisBackend takes exactly one node; use RedlockBackend for several",
-            ));
-        };
         let options = NodeOptions::new(config);
-        let node = Node::new(target, options)?;
+        let node = match Sentinels::of(config)? {
+            Some(sentinels) => Node::behind(sentinels, options),
+            None => {
+                let targets = config.node_targets()?;
+                let Ok([target]) = <[_; 1]>::try_from(targets) else {
+                    return Err(Error::new(
+                        ErrorKind::InvalidInput,
+                        "RedisBackend takes exactly one node; use RedlockBackend for several",
+                    ));
+                };
+                Node::new(target, options)?
+            }
+        };
         let subscriber = match config.subscriber_target()? {
             Some(target) => Some(Node::new(target, options)?),
             None => None,

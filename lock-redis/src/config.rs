@@ -10,9 +10,17 @@ use lock_core::{Capabilities, Error, ErrorKind, Liveness, Result};
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo};
 
 const DEFAULT_PORT: u16 = 6379;
+/// Sentinel's own default port.
+const DEFAULT_SENTINEL_PORT: u16 = 26379;
 
 /// The URL schemes [`RedisConfig::from_url`] accepts (`rediss` ones need the `tls` feature).
-pub(crate) const SCHEMES: &[&str] = &["redis", "rediss", "redis+redlock", "rediss+redlock"];
+pub(crate) const SCHEMES: &[&str] = &[
+    "redis",
+    "rediss",
+    "redis+redlock",
+    "rediss+redlock",
+    "redis+sentinel",
+];
 
 /// How to reach Redis and how to lay out the locks there.
 ///
@@ -23,7 +31,12 @@ pub(crate) const SCHEMES: &[&str] = &["redis", "rediss", "redis+redlock", "redis
 /// * Redlock over independent nodes, sharing credentials, database and options:
 ///   `redis+redlock://[user:password@]host1:port1,host2:port2,host3:port3[/db][?...]`
 ///   (`rediss+redlock://` for TLS). Use an odd number of nodes, usually five; the same
-///   `host:port` twice is refused, since one server would then count as two votes.
+///   `host:port` twice is refused, since one server would then count as two votes;
+/// * a primary found through Redis Sentinel:
+///   `redis+sentinel://[user:password@]sentinel1:port1,sentinel2:port2[,...]/master-name[/db][?...]`
+///   (sentinel port 26379 by default). The credentials and database are the primary's; the
+///   sentinels are asked without credentials. The primary is looked up when a connection is
+///   made and again after a failover (see the crate docs, *Sentinel*).
 ///
 /// A reserved character (`/ ? # @ : %`) in the user name or password must be
 /// percent-encoded (`p/ss` as `p%2Fss`); the decoded password is handed to the Redis client
@@ -39,7 +52,7 @@ pub(crate) const SCHEMES: &[&str] = &["redis", "rediss", "redis+redlock", "redis
 /// | `node_timeout_ms` | 200 | Redlock only: bound on one node's reply during a quorum operation |
 /// | `durable` | `false` | assert that every node runs with `appendonly yes` and `appendfsync always`, so fencing counters survive restarts (see the crate docs) |
 /// | `allow_eviction` | `false` | accept servers whose `maxmemory-policy` is not `noeviction`; fencing is then not durable and a lock can vanish (see the crate docs) |
-/// | `replicas` | off | single node only: after each grant, renewal or record write, `WAIT` until this many replicas have it (a positive number, or `all` for every replica online at the time), else roll a grant back and fail as [`ErrorKind::Unavailable`] (see the crate docs) |
+/// | `replicas` | off | single node or Sentinel only: after each grant, renewal or record write, `WAIT` until this many replicas have it (a positive number, or `all` for every replica online at the time), else roll a grant back and fail as [`ErrorKind::Unavailable`] (see the crate docs) |
 /// | `replica_timeout_ms` | 100 | with `replicas`: how long to wait for the replicas; below `response_timeout_ms` |
 ///
 /// Credentials never appear in `Debug` output or error messages.
@@ -47,6 +60,9 @@ pub(crate) const SCHEMES: &[&str] = &["redis", "rediss", "redis+redlock", "redis
 pub struct RedisConfig {
     nodes: Vec<NodeAddr>,
     redlock: bool,
+    /// Behind Sentinel: the name the sentinels monitor the primary under (`nodes` are then
+    /// the sentinels).
+    sentinel_master: Option<String>,
     tls: bool,
     username: Option<String>,
     password: Option<String>,
@@ -106,42 +122,65 @@ pub(crate) struct NodeTarget {
 }
 
 impl RedisConfig {
-    /// Parses a `redis://`, `rediss://`, `redis+redlock://` or `rediss+redlock://` URL.
+    /// Parses a `redis://`, `rediss://`, `redis+redlock://`, `rediss+redlock://` or
+    /// `redis+sentinel://` URL.
     /// A malformed URL or an unknown option is [`ErrorKind::InvalidInput`] naming the problem
     /// (never repeating the password).
     pub fn from_url(url: &str) -> Result<Self> {
         let mut url = StoreUrl::parse(url)?;
         let scheme = url.expect_scheme(SCHEMES)?;
         let (tls, redlock) = (scheme.starts_with("rediss"), scheme.ends_with("+redlock"));
+        let sentinel = scheme.ends_with("+sentinel");
         if tls && !cfg!(feature = "tls") {
             return Err(Error::new(
                 ErrorKind::Unsupported,
                 format!("{url}: TLS (rediss://) needs the `tls` feature of lock-redis"),
             ));
         }
-        let db = match url.path() {
+        // Behind Sentinel the path is `master-name[/db]`, else `[db]`.
+        let (sentinel_master, db) = if sentinel {
+            match url.path().split_once('/') {
+                Some((name, db)) => (name, db),
+                None => (url.path(), ""),
+            }
+        } else {
+            ("", url.path())
+        };
+        let sentinel_master = match sentinel_master {
+            "" if sentinel => return Err(url.error("no master name (redis+sentinel://hosts/name)")),
+            "" => None,
+            name => Some(name.to_string()),
+        };
+        let db = match db {
             "" => 0,
             path => path
                 .parse::<u32>()
                 .map_err(|_| url.error(&format!("database {path:?} is not a number")))?,
+        };
+        let default_port = if sentinel {
+            DEFAULT_SENTINEL_PORT
+        } else {
+            DEFAULT_PORT
         };
         let nodes: Vec<NodeAddr> = url
             .hosts()
             .iter()
             .map(|h| NodeAddr {
                 host: h.host.trim_start_matches('[').trim_end_matches(']').into(),
-                port: h.port.unwrap_or(DEFAULT_PORT),
+                port: h.port.unwrap_or(default_port),
             })
             .collect();
-        if !redlock && nodes.len() != 1 {
+        if !redlock && !sentinel && nodes.len() != 1 {
             return Err(url.error("several hosts need the redis+redlock:// scheme"));
         }
         let mut seen = HashSet::new();
         if let Some(twice) = nodes.iter().find(|node| !seen.insert(*node)) {
-            return Err(url.error(&format!(
-                "{} is named twice; one server would count as two votes of the majority",
-                twice.display()
-            )));
+            let why = if sentinel {
+                "a sentinel listed twice is a mistyped address"
+            } else {
+                "one server would count as two votes of the majority"
+            };
+            return Err(url.error(&format!("{} is named twice; {why}", twice.display())));
         }
         if redlock && nodes.len().is_multiple_of(2) {
             tracing::warn!(
@@ -180,6 +219,7 @@ impl RedisConfig {
                 .unwrap_or(defaults.allow_eviction),
             nodes,
             redlock,
+            sentinel_master,
             tls,
             username: Some(url.username().to_string()).filter(|u| !u.is_empty()),
             password: url.password().map(str::to_string),
@@ -195,6 +235,7 @@ impl RedisConfig {
         RedisConfig {
             nodes: Vec::new(),
             redlock: false,
+            sentinel_master: None,
             tls: false,
             username: None,
             password: None,
@@ -219,7 +260,13 @@ impl RedisConfig {
         self.redlock
     }
 
-    /// How many nodes the configuration names.
+    /// Behind Sentinel: the name the sentinels know the primary by (the configuration's
+    /// nodes are then the sentinels).
+    pub fn sentinel_master(&self) -> Option<&str> {
+        self.sentinel_master.as_deref()
+    }
+
+    /// How many nodes the configuration names (sentinels, behind Sentinel).
     pub fn node_count(&self) -> usize {
         self.nodes.len()
     }
@@ -285,6 +332,31 @@ impl RedisConfig {
     /// How to connect to each node, in order.
     pub(crate) fn node_targets(&self) -> Result<Vec<NodeTarget>> {
         self.nodes.iter().map(|node| self.target(node)).collect()
+    }
+
+    /// Behind Sentinel, how to ask each sentinel, in order: database 0 and no credentials
+    /// (those are the primary's), plain TCP.
+    pub(crate) fn sentinel_targets(&self) -> Result<Vec<NodeTarget>> {
+        let anonymous = RedisConfig {
+            username: None,
+            password: None,
+            db: 0,
+            tls: false,
+            ..self.clone()
+        };
+        self.nodes
+            .iter()
+            .map(|node| anonymous.target(node))
+            .collect()
+    }
+
+    /// How to connect to the server at `host:port` (a primary a sentinel named), with this
+    /// configuration's credentials and database.
+    pub(crate) fn target_at(&self, host: &str, port: u16) -> Result<NodeTarget> {
+        self.target(&NodeAddr {
+            host: host.to_string(),
+            port,
+        })
     }
 
     /// Where to subscribe to release notifications: the `subscriber_url` if set (parsed
@@ -372,6 +444,7 @@ impl fmt::Debug for RedisConfig {
         f.debug_struct("RedisConfig")
             .field("nodes", &nodes)
             .field("redlock", &self.redlock)
+            .field("sentinel_master", &self.sentinel_master)
             .field("tls", &self.tls)
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "***"))
@@ -445,6 +518,70 @@ mod tests {
         );
         assert_eq!(config.node_timeout, Duration::from_millis(50));
         assert!(config.allow_eviction);
+    }
+
+    #[test]
+    fn sentinel_urls_name_the_sentinels_and_the_master() {
+        let config = RedisConfig::from_url(
+            "redis+sentinel://app:s3cret@s1,s2:26380,[::1]:7/cache-primary/3?replicas=1",
+        )
+        .unwrap();
+        assert!(!config.is_redlock());
+        assert_eq!(config.sentinel_master(), Some("cache-primary"));
+        assert_eq!(config.replicas, Some(Replicas::Count(NonZeroU32::MIN)));
+        let sentinels = config.sentinel_targets().unwrap();
+        assert_eq!(
+            shown(&sentinels),
+            [
+                "redis://s1:26379/0",
+                "redis://s2:26380/0",
+                "redis://[::1]:7/0"
+            ]
+        );
+        // The credentials and database are the primary's, not the sentinels'.
+        for sentinel in &sentinels {
+            let redis = sentinel.info.redis_settings();
+            assert_eq!(
+                (redis.username(), redis.password(), redis.db()),
+                (None, None, 0)
+            );
+        }
+        let primary = config.target_at("10.0.0.5", 6380).unwrap();
+        assert_eq!(primary.shown, "redis://10.0.0.5:6380/3");
+        let redis = primary.info.redis_settings();
+        assert_eq!(
+            (redis.username(), redis.password()),
+            (Some("app"), Some("s3cret"))
+        );
+        assert!(!format!("{config:?}").contains("s3cret"));
+
+        let plain = RedisConfig::from_url("redis+sentinel://s1/m").unwrap();
+        assert_eq!(plain.sentinel_master(), Some("m"));
+        assert_eq!(plain.target_at("h", 1).unwrap().shown, "redis://h:1/0");
+        assert_eq!(
+            RedisConfig::from_url("redis://h/2")
+                .unwrap()
+                .sentinel_master(),
+            None
+        );
+    }
+
+    #[test]
+    fn bad_sentinel_urls_are_invalid_input() {
+        for url in [
+            "redis+sentinel://s1",
+            "redis+sentinel://s1/",
+            "redis+sentinel://s1/m/x",
+            "redis+sentinel://s1,s1/m",
+            "redis+sentinel://s1/m?node_timeout=1",
+            "rediss+sentinel://s1/m",
+        ] {
+            let err = RedisConfig::from_url(url).unwrap_err();
+            assert!(
+                matches!(err.kind(), ErrorKind::InvalidInput | ErrorKind::Unsupported),
+                "{url}: {err}"
+            );
+        }
     }
 
     #[test]

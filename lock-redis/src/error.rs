@@ -13,6 +13,13 @@ pub(crate) fn breaks_connection(err: &RedisError) -> bool {
         || err.is_unrecoverable_error()
 }
 
+/// Whether the connection that produced `err` should be replaced before the next request:
+/// it broke ([`breaks_connection`]), or its server was demoted to a replica (`READONLY`),
+/// so the next connection looks for the primary again (behind Sentinel, the new one).
+pub(crate) fn needs_new_connection(err: &RedisError) -> bool {
+    breaks_connection(err) || err.code() == Some("READONLY")
+}
+
 /// `err`, met while doing `doing` on `node` (an address without credentials), as a
 /// distlock error (the client's error as source); configuration mistakes say what to
 /// change.

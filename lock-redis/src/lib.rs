@@ -28,6 +28,7 @@ mod notify;
 mod quorum;
 mod redlock;
 mod replicas;
+mod sentinel;
 
 use std::sync::Arc;
 
@@ -35,9 +36,9 @@ pub use backend::RedisBackend;
 pub use config::{RedisConfig, Replicas};
 pub use redlock::RedlockBackend;
 
-/// This crate in a table of stores (the `distlock` facade's): the `redis://` and
-/// `redis+redlock://` schemes, and with the `tls` feature `rediss://` and
-/// `rediss+redlock://`, connected with [`connect`].
+/// This crate in a table of stores (the `distlock` facade's): the `redis://`,
+/// `redis+redlock://` and `redis+sentinel://` schemes, and with the `tls` feature
+/// `rediss://` and `rediss+redlock://`, connected with [`connect`].
 pub const STORE: lock_core::backend::Store =
     lock_core::backend::Store::new("redis", SERVED, |url| Box::pin(connect(url)));
 
@@ -45,15 +46,17 @@ pub const STORE: lock_core::backend::Store =
 const SERVED: &[&str] = &[
     "redis",
     "redis+redlock",
+    "redis+sentinel",
     #[cfg(feature = "tls")]
     "rediss",
     #[cfg(feature = "tls")]
     "rediss+redlock",
 ];
 
-/// Connects to the store a URL names: a [`RedisBackend`] for `redis://` and `rediss://`, a
-/// [`RedlockBackend`] for `redis+redlock://` and `rediss+redlock://` (see [`RedisConfig`]
-/// for the URL format and options).
+/// Connects to the store a URL names: a [`RedisBackend`] for `redis://`, `rediss://` and
+/// `redis+sentinel://` (the primary Sentinel names), a [`RedlockBackend`] for
+/// `redis+redlock://` and `rediss+redlock://` (see [`RedisConfig`] for the URL format and
+/// options).
 pub async fn connect(url: &str) -> lock_core::Result<lock_core::backend::DynBackend> {
     let config = RedisConfig::from_url(url)?;
     connect_with(&config).await

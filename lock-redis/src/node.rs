@@ -1,17 +1,18 @@
-//! One Redis server: a multiplexed connection (re)made in the background, on which the
-//! backends run their scripts.
+//! One Redis server (or the primary Sentinel names): a multiplexed connection (re)made in
+//! the background, on which the backends run their scripts.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use lock_core::backend::{lock_unpoisoned as lock, with_timeout};
+use lock_core::backend::{lock_unpoisoned as lock, with_timeout, ListenerTask};
 use lock_core::{Error, ErrorKind, Result};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, FromRedisValue, ScriptInvocation};
 use tokio::sync::watch;
 
 use crate::config::{NodeTarget, RedisConfig};
-use crate::error::{breaks_connection, into_error};
+use crate::error::{breaks_connection, into_error, needs_new_connection};
+use crate::sentinel::Sentinels;
 
 /// How a node connects, shared by every node of a backend.
 #[derive(Clone, Copy)]
@@ -44,11 +45,53 @@ impl NodeOptions {
 /// with a shorter bound (a Redlock node time-out) gives up waiting, but the connection is
 /// still made and kept for the next request. Otherwise a node whose connect-and-setup takes
 /// longer than that bound (a WAN, TLS) could never reconnect once its connection dropped.
+///
+/// Behind Sentinel, every connection is made to the primary the sentinels name at that
+/// moment, and only once it answers `ROLE` as a master. So following a failover is
+/// dropping the connection: on a broken connection or a `READONLY` reply (the server was
+/// demoted), and when a sentinel announces `+switch-master`.
 pub(crate) struct Node {
-    client: redis::Client,
+    source: Source,
     shown: String,
     options: NodeOptions,
     state: Arc<Mutex<State>>,
+    /// Behind Sentinel: the `+switch-master` subscription, stopped with the node.
+    _switches: Option<ListenerTask>,
+}
+
+/// Where a node's connections go.
+#[derive(Clone)]
+pub(crate) enum Source {
+    /// One server, always the same (the client boxed: it is large, and clones are rare).
+    Fixed {
+        client: Box<redis::Client>,
+        shown: String,
+    },
+    /// Whichever server the sentinels name as primary when connecting.
+    Sentinel(Arc<Sentinels>),
+}
+
+impl Source {
+    /// The server, or the sentinels, as shown in messages.
+    fn shown(&self) -> String {
+        match self {
+            Source::Fixed { shown, .. } => shown.clone(),
+            Source::Sentinel(sentinels) => sentinels.shown(),
+        }
+    }
+
+    /// The server to connect to now, and its address for messages.
+    pub(crate) async fn locate(&self, timeout: Duration) -> Result<(redis::Client, String)> {
+        match self {
+            Source::Fixed { client, shown } => Ok((client.as_ref().clone(), shown.clone())),
+            Source::Sentinel(sentinels) => {
+                let NodeTarget { shown, info } = sentinels.primary(timeout).await?;
+                let client =
+                    redis::Client::open(info).map_err(|e| into_error(e, "configure", &shown))?;
+                Ok((client, shown))
+            }
+        }
+    }
 }
 
 #[derive(Default)]
@@ -75,11 +118,31 @@ impl Node {
         let NodeTarget { shown, info } = target;
         let client = redis::Client::open(info).map_err(|e| into_error(e, "configure", &shown))?;
         Ok(Node {
-            client,
+            source: Source::Fixed {
+                client: Box::new(client),
+                shown: shown.clone(),
+            },
             shown,
             options,
             state: Arc::default(),
+            _switches: None,
         })
+    }
+
+    /// The primary `sentinels` name, followed across failovers. Must be called within a
+    /// Tokio runtime (it starts the `+switch-master` subscription).
+    pub(crate) fn behind(sentinels: Sentinels, options: NodeOptions) -> Self {
+        let sentinels = Arc::new(sentinels);
+        let state: Arc<Mutex<State>> = Arc::default();
+        let weak = Arc::downgrade(&state);
+        let switches = sentinels.follow_switches(options.connect_timeout, move || forget(&weak));
+        Node {
+            shown: sentinels.shown(),
+            source: Source::Sentinel(sentinels),
+            options,
+            state,
+            _switches: Some(switches),
+        }
     }
 
     /// The node's address (it never carries credentials).
@@ -87,8 +150,9 @@ impl Node {
         &self.shown
     }
 
-    pub(crate) fn client(&self) -> &redis::Client {
-        &self.client
+    /// Where the node's connections go, for connections of other kinds (subscriptions).
+    pub(crate) fn source(&self) -> &Source {
+        &self.source
     }
 
     /// The current connection, waiting for one to be made if there is none.
@@ -109,8 +173,7 @@ impl Node {
                         let (publish, outcome) = watch::channel(None);
                         state.connection = Link::Connecting(outcome.clone());
                         tokio::spawn(connect(
-                            self.client.clone(),
-                            self.shown.clone(),
+                            self.source.clone(),
                             self.options,
                             Arc::clone(&self.state),
                             publish,
@@ -232,11 +295,11 @@ impl Pinned<'_> {
     }
 }
 
-/// Connects and checks the server, bounded by the connect time-out, then installs the
-/// connection (or clears the way for the next attempt) and tells whoever waits.
+/// Finds the server (behind Sentinel: asks the sentinels), connects and checks it, all
+/// bounded by the connect time-out, then installs the connection (or clears the way for
+/// the next attempt) and tells whoever waits.
 async fn connect(
-    client: redis::Client,
-    shown: String,
+    source: Source,
     options: NodeOptions,
     state: Arc<Mutex<State>>,
     publish: watch::Sender<Outcome>,
@@ -245,14 +308,18 @@ async fn connect(
         .set_connection_timeout(Some(options.connect_timeout))
         .set_response_timeout(Some(options.response_timeout));
     let attempt = async {
+        let (client, shown) = source.locate(options.connect_timeout).await?;
         let mut connection = client
             .get_multiplexed_async_connection_with_config(&config)
             .await
             .map_err(|err| into_error(err, "connect", &shown))?;
+        if let Source::Sentinel(_) = source {
+            check_primary(&mut connection, &shown).await?;
+        }
         check_eviction(&mut connection, &shown, options.allow_eviction).await?;
         Ok(connection)
     };
-    let store = format!("redis {shown}");
+    let store = format!("redis {}", source.shown());
     let result = with_timeout(&store, options.connect_timeout, "connect", attempt).await;
     let outcome = {
         let mut state = lock(&state);
@@ -270,6 +337,41 @@ async fn connect(
         }
     };
     publish.send_replace(Some(outcome));
+}
+
+/// Forgets the node's connection, whichever it is, so the next request connects afresh
+/// (behind Sentinel: to the primary the sentinels name then).
+fn forget(state: &Weak<Mutex<State>>) {
+    if let Some(state) = state.upgrade() {
+        let mut state = lock(&state);
+        if matches!(state.connection, Link::Up(_)) {
+            state.connection = Link::Down;
+        }
+    }
+}
+
+/// Refuses a server a sentinel named as primary that does not answer `ROLE` as one: a
+/// failover is under way (the sentinels' view lags the servers'), or the sentinel's view
+/// is stale. [`ErrorKind::Unavailable`], so the caller retries and the next connection
+/// asks the sentinels again.
+async fn check_primary(connection: &mut MultiplexedConnection, shown: &str) -> Result<()> {
+    let role: Vec<redis::Value> = redis::cmd("ROLE")
+        .query_async(connection)
+        .await
+        .map_err(|err| into_error(err, "role", shown))?;
+    let role = role
+        .first()
+        .and_then(|role| String::from_redis_value_ref(role).ok());
+    match role.as_deref() {
+        Some("master") => Ok(()),
+        other => Err(Error::new(
+            ErrorKind::Unavailable,
+            format!(
+                "redis {shown}: Sentinel names it the primary, but it answers ROLE as {}",
+                other.unwrap_or("nothing known")
+            ),
+        )),
+    }
 }
 
 /// Refuses a server that may evict keys, unless the operator accepted that: under a
@@ -334,7 +436,7 @@ impl DiscardUnlessAnswered<'_> {
                 Ok(value)
             }
             Err(err) => {
-                self.answered = !breaks_connection(&err);
+                self.answered = !needs_new_connection(&err);
                 Err(into_error(err, what, &self.node.shown))
             }
         }

@@ -18,7 +18,7 @@ use lock_core::Result;
 use tokio::sync::watch;
 
 use crate::error::into_error;
-use crate::node::Node;
+use crate::node::{Node, Source};
 
 /// Most releases remembered for coalescing; beyond it the oldest are forgotten (which
 /// costs at most a spurious wake-up).
@@ -70,7 +70,7 @@ impl Notifier {
         let listeners = nodes
             .iter()
             .map(|node| {
-                let (client, shown) = (node.client().clone(), Arc::<str>::from(node.shown()));
+                let source = node.source().clone();
                 let shared = Arc::clone(&shared);
                 let mut first = true;
                 supervise_listener(
@@ -78,13 +78,7 @@ impl Notifier {
                     releases.clone(),
                     move |link| {
                         let first = std::mem::take(&mut first);
-                        listen(
-                            client.clone(),
-                            Arc::clone(&shown),
-                            Arc::clone(&shared),
-                            first,
-                            link,
-                        )
+                        listen(source.clone(), Arc::clone(&shared), first, link)
                     },
                 )
             })
@@ -110,34 +104,19 @@ impl Notifier {
     }
 }
 
-/// One run of a node's subscription: subscribe (bounded by the connect time-out), then
-/// deliver releases until the connection ends.
+/// One run of a node's subscription: find the server (behind Sentinel, the primary named
+/// now, whose releases its replicas hear too), subscribe (bounded by the connect
+/// time-out), then deliver releases until the connection ends.
 async fn listen(
-    client: redis::Client,
-    shown: Arc<str>,
+    source: Source,
     shared: Arc<Subscription>,
     first: bool,
     link: ListenerLink,
 ) -> Result<()> {
-    let store = format!("redis {shown}");
-    let subscribed = with_timeout(&store, shared.connect_timeout, "subscribe", async {
-        let attempt = async {
-            let mut pubsub = client.get_async_pubsub().await?;
-            pubsub.subscribe(&shared.channel).await?;
-            Ok::<_, redis::RedisError>(pubsub)
-        };
-        attempt.await.map_err(|err| {
-            if err.code() == Some("NOPERM") && !shared.warned.swap(true, Ordering::SeqCst) {
-                tracing::warn!(
-                    channel = shared.channel,
-                    "the Redis user may not subscribe to the release channel, so waiters poll; \
-                     grant it with ACL SETUSER <user> &<channel>"
-                );
-            }
-            into_error(err, "subscribe", &shown)
-        })
-    })
-    .await;
+    let subscribed = match source.locate(shared.connect_timeout).await {
+        Ok((client, shown)) => subscribe(&client, &shown, &shared).await,
+        Err(err) => Err(err),
+    };
     let messages = subscribed.map(|pubsub| {
         link.subscribed();
         pubsub.into_on_message()
@@ -153,6 +132,34 @@ async fn listen(
         }
     }
     Ok(())
+}
+
+/// Subscribes to the release channel on `client` (the server `shown`), bounded by the
+/// connect time-out.
+async fn subscribe(
+    client: &redis::Client,
+    shown: &str,
+    shared: &Subscription,
+) -> Result<redis::aio::PubSub> {
+    let store = format!("redis {shown}");
+    with_timeout(&store, shared.connect_timeout, "subscribe", async {
+        let attempt = async {
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(&shared.channel).await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        };
+        attempt.await.map_err(|err| {
+            if err.code() == Some("NOPERM") && !shared.warned.swap(true, Ordering::SeqCst) {
+                tracing::warn!(
+                    channel = shared.channel,
+                    "the Redis user may not subscribe to the release channel, so waiters poll; \
+                     grant it with ACL SETUSER <user> &<channel>"
+                );
+            }
+            into_error(err, "subscribe", shown)
+        })
+    })
+    .await
 }
 
 /// Counts the messages of recent releases, so that a release wakes one waiter once the

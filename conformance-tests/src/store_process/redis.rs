@@ -2,6 +2,7 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -42,7 +43,48 @@ impl StoreSpec {
             })
             .probe(move |addr| redis_replica_synced(addr, primary_addr))
     }
+
+    /// A Redis Sentinel (`redis-server --sentinel`) monitoring the primary on
+    /// `127.0.0.1:primary` under the name `master`, with quorum 2 (run three), declaring the
+    /// primary down after `down_after` without an answer and giving a failover 3 s. Its
+    /// configuration file is written into the data directory (Sentinel rewrites it as it
+    /// learns replicas, other sentinels and failovers, so a restart keeps what it knew);
+    /// it announces itself on loopback.
+    pub fn redis_sentinel(primary: u16, master: &str, down_after: Duration) -> Self {
+        let config = format!(
+            "sentinel announce-ip 127.0.0.1\n\
+             sentinel monitor {master} 127.0.0.1 {primary} 2\n\
+             sentinel down-after-milliseconds {master} {}\n\
+             sentinel failover-timeout {master} 3000\n",
+            down_after.as_millis()
+        );
+        StoreSpec::new("redis-server", "redis-server")
+            .setup(move |dir| std::fs::write(dir.join(SENTINEL_CONFIG), &config))
+            .args(|port, dir| {
+                let config = dir.join(SENTINEL_CONFIG).display().to_string();
+                let (port, dir) = (port.to_string(), dir.display().to_string());
+                [
+                    config.as_str(),
+                    "--sentinel",
+                    "--port",
+                    &port,
+                    "--bind",
+                    "127.0.0.1",
+                    "--dir",
+                    &dir,
+                    "--daemonize",
+                    "no",
+                ]
+                .into_iter()
+                .map(str::to_owned)
+                .collect()
+            })
+            .probe(redis_ping)
+    }
 }
+
+/// The file a sentinel keeps its configuration in, in its data directory.
+const SENTINEL_CONFIG: &str = "sentinel.conf";
 
 fn redis_with(persistence: &'static [&'static str]) -> StoreSpec {
     StoreSpec::new("redis-server", "redis-server")

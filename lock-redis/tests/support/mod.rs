@@ -3,6 +3,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
 use conformance_tests::factory::BoxFuture;
 use conformance_tests::factory::{join_options, DEFAULT_SHORTEST_TTL};
@@ -150,6 +151,33 @@ fn script_effects(server: SocketAddr) -> BoxFuture<Result<u64, String>> {
     Box::pin(command_calls(server, &["evalsha", "exec"]))
 }
 
+/// [`script_effects`] of a primary or replica; for a sentinel, those of the primary it
+/// names, whose renewals the clients send through it.
+fn effects_behind_sentinel(server: SocketAddr) -> BoxFuture<Result<u64, String>> {
+    Box::pin(async move {
+        let mut connection = redis::Client::open(format!("redis://{server}"))
+            .map_err(|e| e.to_string())?
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| e.to_string())?;
+        let role: Vec<redis::Value> = redis::cmd("ROLE")
+            .query_async(&mut connection)
+            .await
+            .map_err(|e| e.to_string())?;
+        if role.first() != Some(&redis::Value::BulkString(b"sentinel".to_vec())) {
+            return script_effects(server).await;
+        }
+        let (host, port): (String, u16) = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(SENTINEL_MASTER)
+            .query_async(&mut connection)
+            .await
+            .map_err(|e| e.to_string())?;
+        let primary = SocketAddr::new(host.parse().map_err(|_| host.clone())?, port);
+        script_effects(primary).await
+    })
+}
+
 /// How many times the server at `server` has run the commands `names`, together.
 async fn command_calls(server: SocketAddr, names: &[&str]) -> Result<u64, String> {
     let raw = redis::Client::open(format!("redis://{server}/0")).map_err(|e| e.to_string())?;
@@ -241,6 +269,135 @@ pub const REDIS_REPLICATED: ServerStore = ServerStore {
     start: || Box::pin(start_primary_and_replica()),
     url: |addrs, options| redis_url(addrs[0], &join_options("replicas=1", options)),
     renewal_requests: Some(script_effects),
+    ..REDIS
+};
+
+/// The name the fixture's sentinels monitor their primary under.
+pub const SENTINEL_MASTER: &str = "distlock-primary";
+
+/// A primary with two replicas and three sentinels (quorum 2) watching it, in this order:
+/// `[primary, replica, replica, sentinel, sentinel, sentinel]`.
+pub struct SentinelSetup {
+    pub servers: Vec<StoreProcess>,
+}
+
+impl SentinelSetup {
+    /// Starts the setup, with sentinels that declare a silent primary down after
+    /// `down_after`; returns once every sentinel knows both replicas and both other
+    /// sentinels, so a failover can be asked for or provoked at once.
+    pub async fn start(down_after: Duration) -> SentinelSetup {
+        let servers = try_start_sentinel_setup(down_after)
+            .await
+            .unwrap_or_else(|err| panic!("{err}"));
+        let setup = SentinelSetup { servers };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for sentinel in setup.sentinels() {
+            loop {
+                let known = sentinel_view(sentinel.addr()).await;
+                if known.get("num-slaves").map(String::as_str) == Some("2")
+                    && known.get("num-other-sentinels").map(String::as_str) == Some("2")
+                {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "sentinel {} does not know the whole setup: {known:?}",
+                    sentinel.addr()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        setup
+    }
+
+    /// The three sentinels.
+    pub fn sentinels(&self) -> &[StoreProcess] {
+        &self.servers[3..]
+    }
+
+    /// The data servers: the first primary, then its two replicas.
+    pub fn data_servers(&mut self) -> &mut [StoreProcess] {
+        &mut self.servers[..3]
+    }
+
+    /// A `redis+sentinel://` URL over the sentinels with extra options.
+    pub fn url(&self, options: &str) -> String {
+        let addrs: Vec<SocketAddr> = self.servers.iter().map(StoreProcess::addr).collect();
+        sentinel_url(&addrs, options)
+    }
+
+    /// The primary's address as the sentinels see it (the first one that answers).
+    pub async fn primary(&self) -> SocketAddr {
+        let mut connection = raw(self.sentinels()[0].addr()).await;
+        let (host, port): (String, u16) = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(SENTINEL_MASTER)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        SocketAddr::new(host.parse().unwrap(), port)
+    }
+}
+
+/// What the sentinel at `addr` knows of the master (`SENTINEL MASTER`).
+pub async fn sentinel_view(addr: SocketAddr) -> std::collections::HashMap<String, String> {
+    redis::cmd("SENTINEL")
+        .arg("MASTER")
+        .arg(SENTINEL_MASTER)
+        .query_async(&mut raw(addr).await)
+        .await
+        .unwrap()
+}
+
+/// A sentinel URL over the sentinels of a setup's addresses (see [`SentinelSetup`]).
+pub fn sentinel_url(addrs: &[SocketAddr], options: &str) -> String {
+    let hosts: Vec<String> = addrs[3..].iter().map(ToString::to_string).collect();
+    format!(
+        "redis+sentinel://{}/{SENTINEL_MASTER}/0?{options}",
+        hosts.join(",")
+    )
+}
+
+async fn try_start_sentinel_setup(down_after: Duration) -> Result<Vec<StoreProcess>, String> {
+    let mut servers = start_with_user(1).await?;
+    let primary = servers[0].port();
+    for _ in 0..2 {
+        let replica = StoreProcess::start(StoreSpec::redis_replica_of(primary))
+            .await
+            .map_err(|err| format!("cannot start a replica: {err}"))?;
+        servers.push(replica);
+    }
+    for _ in 0..3 {
+        let sentinel = StoreProcess::start(StoreSpec::redis_sentinel(
+            primary,
+            SENTINEL_MASTER,
+            down_after,
+        ))
+        .await
+        .map_err(|err| format!("cannot start a sentinel: {err}"))?;
+        servers.push(sentinel);
+    }
+    Ok(servers)
+}
+
+/// Long enough that no failover starts while the conformance suite pauses or restarts the
+/// servers.
+const CONFORMANCE_DOWN_AFTER: Duration = Duration::from_secs(30);
+
+/// A primary with two replicas found through three sentinels (`redis+sentinel://`), every
+/// grant, renewal and record confirmed by one replica (`replicas=1`).
+pub const REDIS_SENTINEL: ServerStore = ServerStore {
+    name: "redis-sentinel",
+    start: || Box::pin(try_start_sentinel_setup(CONFORMANCE_DOWN_AFTER)),
+    url: |addrs, options| sentinel_url(addrs, &join_options("replicas=1", options)),
+    wrong_password: Some(|addrs, password| {
+        let hosts: Vec<String> = addrs[3..].iter().map(ToString::to_string).collect();
+        format!(
+            "redis+sentinel://{USER}:{password}@{}/{SENTINEL_MASTER}",
+            hosts.join(",")
+        )
+    }),
+    renewal_requests: Some(effects_behind_sentinel),
     ..REDIS
 };
 
