@@ -726,7 +726,7 @@ fn a_check_at_the_end_races_a_cancelled_waiters_leave() {
     let (seed, (key, ended), drained) =
         found.expect("no CI seed ends with a cancelled waiter's leave still on its way");
     println!(
-        "seed {seed}: k{key} still queued as the tasks ended at {ended:?}, empty at {drained:?}; replay: {}",
+        "seed {seed}: {key} still queued as the tasks ended at {ended:?}, empty at {drained:?}; replay: {}",
         replay_command(seed)
     );
     assert!(drained > ended);
