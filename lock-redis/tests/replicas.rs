@@ -202,3 +202,71 @@ async fn all_means_every_online_replica_and_none_when_there_are_none() {
     let backend = connect(&confirmed_url(&alone, "all")).await;
     assert!(backend.try_acquire(&lock).await.unwrap().is_some());
 }
+
+/// Detaches `replica` from its primary and makes it a primary of its own, as a failover
+/// does to a replica cut off from the old primary (which keeps serving).
+async fn promote(replica: &StoreProcess) {
+    let () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query_async(&mut support::raw(replica.addr()).await)
+        .await
+        .unwrap();
+}
+
+/// (f) What the docs warn of, shown: without replica confirmation, a replica promoted
+/// while the old primary still serves (a partition, a failover of a live primary) does not
+/// have a grant the old primary acknowledged after the split, so the key is granted again
+/// on the new primary: two clients hold it at once, and the second token is no greater
+/// than the first (the fencing counter's last increment was lost too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_confirmation_a_promotion_can_give_the_key_to_two_holders() {
+    let (primary, replica) = primary_and_replica().await;
+    let key = key("split");
+    let long = options(Duration::from_secs(30), Renewal::Manual);
+    // Tokens drawn before the split are on both servers.
+    let old =
+        LockClient::new(connect(&redis_url(primary.addr(), "")).await).with_defaults(long.clone());
+    old.lock(&key).await.unwrap().release().await.unwrap();
+    let synced: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(SLACK.as_millis() as u64)
+        .query_async(&mut support::raw(primary.addr()).await)
+        .await
+        .unwrap();
+    assert_eq!(synced, 1, "the replica did not catch up before the split");
+    promote(&replica).await;
+    let first = old.lock(&key).await.unwrap();
+    let new = LockClient::new(connect(&redis_url(replica.addr(), "")).await).with_defaults(long);
+    let second = new.lock(&key).await.unwrap();
+    assert!(first.is_held() && second.is_held(), "two holders at once");
+    assert!(
+        second.token() <= first.token(),
+        "the promoted replica's token {} went past the old primary's {}",
+        second.token(),
+        first.token()
+    );
+}
+
+/// (g) The same split with `replicas=1`: the old primary cannot get its grant confirmed
+/// by the replica that left it, so it rolls the grant back and hands out no guard; only
+/// the new primary grants the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_confirmation_a_promotion_leaves_one_holder() {
+    let (primary, replica) = primary_and_replica().await;
+    let key = key("split-confirmed");
+    let long = options(Duration::from_secs(30), Renewal::Manual);
+    let old =
+        LockClient::new(connect(&confirmed_url(&primary, "1")).await).with_defaults(long.clone());
+    old.lock(&key).await.unwrap().release().await.unwrap();
+    promote(&replica).await;
+    let refused = old.lock(&key).await.unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::Unavailable, "{refused}");
+    assert_eq!(
+        entry(primary.addr(), &lock_key("distlock:", &key)).await,
+        None,
+        "the unconfirmed grant is still on the old primary"
+    );
+    let new = LockClient::new(connect(&redis_url(replica.addr(), "")).await).with_defaults(long);
+    new.lock(&key).await.unwrap().release().await.unwrap();
+}
