@@ -13,18 +13,18 @@ if held then
   end
   return 0
 end
--- A counter that is missing (a key never locked, or a server restarted without
--- persistence, which forgets every counter) starts at the server's clock in microseconds
--- since the epoch: above every token handed out before the restart, as long as the clock
--- did not step back and the key averaged under a million grants a second (docs.md).
-local token
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  token = redis.call('INCR', KEYS[2])
-else
-  local now = redis.call('TIME')
-  token = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  redis.call('SET', KEYS[2], string.format('%.0f', token))
-end
+-- The token is the counter plus one, or the server's clock in microseconds since the
+-- epoch if that is more: a hybrid of a counter and a clock. A counter that is missing (a
+-- key never locked, or a server restarted without persistence) or behind (a replica
+-- promoted before it got the last increments) is overtaken by the clock, so tokens keep
+-- increasing across both, as long as no server's clock is behind an earlier primary's
+-- by more than the failover took and the key averaged under a million grants a second
+-- (docs.md). Lua numbers are doubles, exact for integers below 2^53 (in microseconds,
+-- the year 2255).
+local now = redis.call('TIME')
+local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local token = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, clock)
+redis.call('SET', KEYS[2], string.format('%.0f', token))
 local label = ''
 if ARGV[3] ~= '' then
   label = ':' .. ARGV[3]
