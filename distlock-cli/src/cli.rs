@@ -24,8 +24,9 @@ Stores:
   ($XDG_DATA_HOME/distlock/locks.db or ~/.local/share/distlock/locks.db), so distlock
   works with no server. URLs: memory://NAME (one process only), sqlite:///path/locks.db,
   postgres://user:pass@host/db, mysql://..., redis://host:port/db,
-  redis+redlock://h1:p1,h2:p2,h3:p3, ... (the schemes this build supports are listed in
-  the error for an unknown one). Passwords are never printed.";
+  redis+redlock://h1:p1,h2:p2,h3:p3, redis+sentinel://s1:p1,s2:p2/master-name, ... (the
+  schemes this build supports are listed in the error for an unknown one). Passwords are
+  never printed.";
 
 /// Distributed locks from the shell: run a command under a lock, see who holds a lock,
 /// break a stuck one, compare the stores.
