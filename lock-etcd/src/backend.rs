@@ -21,6 +21,7 @@ use lock_core::{Error, ErrorKind, FencingToken, LeaseId, LockKey, Result};
 use tokio::time::timeout;
 
 use crate::config::{EtcdConfig, Layout};
+use crate::detached::DetachedLeases;
 use crate::error::{into_error, is_lease_not_found};
 use crate::keys::{parse_value, range_end, value, KeySpace};
 use crate::retired::{Attempts, Sending};
@@ -36,7 +37,8 @@ const HTTP2_PING_INTERVAL: Duration = Duration::from_secs(10);
 /// See the crate docs for the layout and the guarantees.
 ///
 /// Clones share one connection and one set of sessions; dropping the last clone revokes
-/// the client's leases.
+/// the client's leases, except those of detached holds (once tickets), which live by
+/// their TTL alone.
 #[derive(Clone)]
 pub struct EtcdBackend {
     inner: Arc<Inner>,
@@ -49,12 +51,15 @@ struct Inner {
     request_timeout: Duration,
     endpoints: Vec<String>,
     sessions: Sessions,
+    detached: Arc<DetachedLeases>,
     attempts: Attempts,
 }
 
 /// The ask of one acquisition: which session it lives by and its entry.
 struct Attempt {
+    /// For a detached hold, its own etcd lease, which no session keeps.
     session: Arc<EtcdSession>,
+    detached: bool,
     dir: Vec<u8>,
     entry: Vec<u8>,
 }
@@ -112,6 +117,7 @@ impl EtcdBackend {
         Ok(EtcdBackend {
             inner: Arc::new(Inner {
                 sessions: Sessions::new(client.clone(), bound),
+                detached: Arc::new(DetachedLeases::new(client.clone(), bound)),
                 client,
                 capabilities: config.capabilities(),
                 keys,
@@ -175,8 +181,15 @@ impl EtcdBackend {
     async fn attempt(&self, request: &AcquireRequest) -> Result<Attempt> {
         self.inner.keys.check(request.key())?;
         let ttl = request.store_ttl();
-        let own = self.inner.keys.layout() == Layout::EtcdMutex;
-        let session = self.inner.sessions.session(request, own, ttl).await?;
+        let session = if request.is_detached() {
+            self.inner
+                .detached
+                .lease_for(request.lease_id(), ttl)
+                .await?
+        } else {
+            let own = self.inner.keys.layout() == Layout::EtcdMutex;
+            self.inner.sessions.session(request, own, ttl).await?
+        };
         let dir = self.inner.keys.dir(request.key());
         let entry = self
             .inner
@@ -184,6 +197,7 @@ impl EtcdBackend {
             .entry(request.key(), request.lease_id(), session.lease);
         Ok(Attempt {
             session,
+            detached: request.is_detached(),
             dir,
             entry,
         })
@@ -225,13 +239,17 @@ impl EtcdBackend {
         )
     }
 
-    fn grant(revision: i64, session: &EtcdSession) -> Result<Grant> {
+    /// The grant of `attempt`'s entry, created at `revision`: it lives by its session,
+    /// or by its TTL alone when detached.
+    fn grant(revision: i64, attempt: &Attempt) -> Result<Grant> {
         let token = u64::try_from(revision)
             .map_err(|_| Error::new(ErrorKind::Internal, "etcd returned a negative revision"))?;
-        Ok(Grant::in_session(
-            FencingToken::new(token),
-            session.keeper.session(),
-        ))
+        let token = FencingToken::new(token);
+        Ok(if attempt.detached {
+            Grant::new(token)
+        } else {
+            Grant::in_session(token, attempt.session.keeper.session())
+        })
     }
 
     /// Where `lease_id`'s entry on `key` is, and what it holds.
@@ -346,6 +364,83 @@ impl EtcdBackend {
             "",
             Some(PutOptions::new().with_lease(session.lease)),
         )
+    }
+
+    /// Deletes a detached hold's entry, fenced as any release (`release_target`), then
+    /// revokes its lease, so nothing of the hold lingers and a write of the acquisition
+    /// still on its way (it carries that lease) can no longer land.
+    async fn release_detached(
+        &self,
+        key: &LockKey,
+        lease_id: LeaseId,
+        lease: &EtcdSession,
+    ) -> Result<Ownership> {
+        let target = self.release_target(key, lease_id).await?;
+        let deleted = match release_txn(target.as_ref(), true, &[]) {
+            Some(txn) => self
+                .call("releasing", self.kv().txn(txn))
+                .await?
+                .succeeded(),
+            None => false,
+        };
+        self.inner.detached.end(lease_id, lease).await;
+        Ok(Ownership::held_if(target.is_some() && deleted))
+    }
+
+    /// Moves the owner entry of `key`, read as `entry`, onto etcd lease `lease`, only if
+    /// it is still the one read (its create revision, which is the fencing token and which
+    /// a put keeps, and its lease) and still the owner (no entry of the directory older).
+    fn move_txn(&self, key: &LockKey, entry: &KeyValue, lease: i64) -> Txn {
+        let granted = entry.create_revision();
+        let dir = self.inner.keys.dir(key);
+        Txn::new()
+            .when([
+                Compare::create_revision(entry.key().to_vec(), CompareOp::Equal, granted),
+                Compare::lease(entry.key().to_vec(), CompareOp::Equal, entry.lease()),
+                Compare::create_revision(dir.clone(), CompareOp::Greater, granted - 1)
+                    .with_range(range_end(&dir)),
+            ])
+            .and_then([TxnOp::put(
+                entry.key().to_vec(),
+                entry.value().to_vec(),
+                Some(PutOptions::new().with_lease(lease)),
+            )])
+    }
+
+    /// Sets the end of `lease_id`'s hold, whose entry was read as `entry`, to `ttl` from
+    /// now (whole seconds, rounded up, as every etcd lease): grants a new etcd lease of
+    /// `ttl` and moves the entry onto it in one transaction ([`move_txn`](Self::move_txn)).
+    /// The hold becomes a detached one: its former lease, if it was this hold's own, is
+    /// revoked (best effort: left behind, it only runs out); a session shared with other
+    /// locks is left alone.
+    async fn move_to_new_lease(
+        &self,
+        key: &LockKey,
+        lease_id: LeaseId,
+        entry: &KeyValue,
+        ttl: Duration,
+    ) -> Result<Ownership> {
+        let detached = &self.inner.detached;
+        let lease = detached.grant(ttl).await?;
+        let txn = self.move_txn(key, entry, lease.lease);
+        // An error leaves both leases: the move may have landed, and revoking either could
+        // end the hold before its time. The unused one runs out by its TTL.
+        let moved = self
+            .call("setting a hold's end", self.kv().txn(txn))
+            .await?;
+        if !moved.succeeded() {
+            detached.revoke(&lease).await;
+            return Ok(Ownership::NotHeld);
+        }
+        let former = detached.lease_of(lease_id);
+        detached.remember(lease_id, lease);
+        match former {
+            Some(former) if former.lease == entry.lease() => detached.revoke(&former).await,
+            // Its own session (renewed by hand, or the etcd-mutex layout) has nothing on
+            // it any more.
+            _ => self.inner.sessions.end_own(lease_id),
+        }
+        Ok(Ownership::Held)
     }
 }
 
@@ -641,6 +736,18 @@ fn holder_info(owner: &KeyValue, entries: usize, left: i64) -> Option<HolderInfo
     })
 }
 
+/// Refuses to queue a detached acquisition: nothing would keep its entry while it waits,
+/// and the core never asks (a once ticket does not wait).
+fn never_queued(request: &AcquireRequest) -> Result<()> {
+    if request.is_detached() {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            "etcd: a detached hold (a once ticket) never waits in a key's queue",
+        ));
+    }
+    Ok(())
+}
+
 /// The key-values a transaction's `index`th operation read.
 fn read(response: &TxnResponse, index: usize) -> Vec<KeyValue> {
     match response.op_responses().into_iter().nth(index) {
@@ -704,25 +811,49 @@ impl LockBackend for EtcdBackend {
                 TxnOp::get(attempt.entry.clone(), None),
                 Self::queue(&attempt.dir, 1),
             ]);
-        let sending = self
-            .inner
-            .attempts
-            .sending(request.lease_id(), &attempt.session);
+        // A detached hold's late write carries its own lease, which its release revokes:
+        // no tombstone is needed to keep it out (see `retired.rs`).
+        let sending = (!attempt.detached).then(|| {
+            self.inner
+                .attempts
+                .sending(request.lease_id(), &attempt.session)
+        });
         let response = self
-            .txn_in("acquiring", &attempt.session, txn, Some(sending))
+            .txn_in("acquiring", &attempt.session, txn, sending)
             .await?;
         if response.succeeded() {
             // The entry was created by this transaction, at its revision.
-            return Self::grant(revision_of(&response), &attempt.session).map(Some);
+            return Self::grant(revision_of(&response), &attempt).map(Some);
         }
         let own = read(&response, 0);
         let owner = read(&response, 1);
         match (own.first(), owner.first()) {
             // A retry whose first reply was lost: the same entry, the same token.
             (Some(own), Some(owner)) if own.key() == owner.key() => {
-                Self::grant(own.create_revision(), &attempt.session).map(Some)
+                if attempt.detached && own.lease() != attempt.session.lease {
+                    // On the lease of an earlier attempt this client no longer knows: the
+                    // entry moves to this attempt's, whose TTL counts from this attempt
+                    // as the core's deadline does.
+                    let txn = self.move_txn(request.key(), own, attempt.session.lease);
+                    if !self
+                        .call("acquiring", self.kv().txn(txn))
+                        .await?
+                        .succeeded()
+                    {
+                        return Err(Error::new(
+                            ErrorKind::Unavailable,
+                            "etcd: a retried acquisition's entry changed as it moved; retrying",
+                        ));
+                    }
+                }
+                Self::grant(own.create_revision(), &attempt).map(Some)
             }
             (Some(_), _) => Ok(None),
+            (None, _) if attempt.detached => {
+                let detached = &self.inner.detached;
+                detached.end_in_background(request.lease_id(), attempt.session);
+                Ok(None)
+            }
             (None, _) => {
                 self.inner.sessions.end_own(request.lease_id());
                 Ok(None)
@@ -734,6 +865,12 @@ impl LockBackend for EtcdBackend {
         let Some(entry) = self.locate(key, lease_id).await? else {
             return Ok(Ownership::NotHeld);
         };
+        let detached = self.inner.detached.lease_of(lease_id);
+        if detached.is_some_and(|lease| lease.lease == entry.lease()) {
+            // Nothing keeps a detached hold alive: renewing it sets its end `ttl` from
+            // now, as on a store whose leases live by their TTL.
+            return self.move_to_new_lease(key, lease_id, &entry, ttl).await;
+        }
         let Some(session) = self.inner.sessions.by_lease(entry.lease()) else {
             // Held under a lease of another client instance: keep that lease alive once
             // (opening the stream sends one keep-alive and fails if the lease is gone).
@@ -766,7 +903,25 @@ impl LockBackend for EtcdBackend {
             .map(Ownership::held_if)
     }
 
+    /// Moves the hold to a new etcd lease of `ttl` (whole seconds, rounded up) in one
+    /// fenced transaction that keeps its fencing token, then revokes its former lease if it
+    /// was the hold's own (see *Once tickets* in the crate docs).
+    async fn expire_in(
+        &self,
+        key: &LockKey,
+        lease_id: LeaseId,
+        ttl: Duration,
+    ) -> Result<Ownership> {
+        let Some(entry) = self.locate(key, lease_id).await? else {
+            return Ok(Ownership::NotHeld);
+        };
+        self.move_to_new_lease(key, lease_id, &entry, ttl).await
+    }
+
     async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<Ownership> {
+        if let Some(lease) = self.inner.detached.lease_of(lease_id) {
+            return self.release_detached(key, lease_id, &lease).await;
+        }
         // A lock with a lease of its own goes with its lease: one write, not two.
         match self.inner.sessions.revoke_own(lease_id).await {
             Some(revoked) => revoked.map(Ownership::held_if),
@@ -857,6 +1012,7 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn enqueue(&self, request: &AcquireRequest) -> Result<()> {
+        never_queued(request)?;
         let attempt = self.attempt(request).await?;
         // Idempotent: a retry finds its entry and keeps its place. Never after this
         // acquisition's clean-up (a late write; see `retired.rs`).
@@ -891,6 +1047,7 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn try_acquire_queued(&self, request: &AcquireRequest) -> Result<Turn> {
+        never_queued(request)?;
         let attempt = self.attempt(request).await?;
         // Only a live entry may be granted (etcd issue 11456): the entry must exist in the
         // same transaction that finds it first, and it exists only while its lease does.
@@ -919,7 +1076,7 @@ impl LockBackend for EtcdBackend {
         }
         match read(&response, 0).first() {
             Some(owner) if owner.key() == attempt.entry.as_slice() => Ok(Turn::Granted(
-                Self::grant(owner.create_revision(), &attempt.session)?,
+                Self::grant(owner.create_revision(), &attempt)?,
             )),
             _ => Ok(Turn::Waiting),
         }

@@ -143,7 +143,14 @@ impl EtcdConfig {
             // etcd refuses lease TTLs above 9,000,000,000 s; a year is plenty.
             max_ttl: Duration::from_secs(365 * 24 * 60 * 60),
             ttl_granularity: Duration::from_secs(1),
+            // The leader starts a lease's TTL when it applies the grant (or a keep-alive),
+            // after the request was sent, and runs it out by Go's clock: no hold ends
+            // before its TTL. Its expiry check runs every 500 ms, so one can end later.
+            clock_step: Duration::ZERO,
             records: true,
+            // A lock entry on an etcd lease of its own that nothing keeps alive
+            // (`detached.rs`).
+            detached_holds: true,
             ..Capabilities::default()
         }
     }

@@ -20,6 +20,7 @@
 
 mod backend;
 mod config;
+mod detached;
 mod error;
 mod keys;
 mod retired;

@@ -188,7 +188,7 @@ impl SessionStore for EtcdStore {
 }
 
 /// Revokes an etcd lease: `false` when the store no longer had it.
-async fn revoke(client: &Client, lease: i64, bound: Duration) -> Result<bool> {
+pub(crate) async fn revoke(client: &Client, lease: i64, bound: Duration) -> Result<bool> {
     let revoking = async { Ok(client.lease_client().revoke(lease).await) };
     match with_timeout("etcd", bound, "revoking a lease", revoking).await? {
         Ok(_) => Ok(true),

@@ -1,11 +1,13 @@
 //! etcd-specific faults: unreachable endpoints with credentials, other servers on the
-//! port, retried record writes, late writes and a role on the prefix. Partitions,
+//! port, retried record writes, the leases of detached holds, late writes and a role on
+//! the prefix. Partitions,
 //! freezes, restarts, killed holder processes, wrong passwords and unreachable endpoints
 //! in general are conformance scenarios.
 #![allow(clippy::unwrap_used)]
 
 mod support;
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use conformance_tests::network::closed_addr;
@@ -176,6 +178,117 @@ async fn retried_record_writes_leave_one_lease() {
         Some(record.clone())
     );
     let _ = backend.release(&key, lease).await.unwrap();
+}
+
+/// The etcd leases on the server, each with its granted TTL and how many keys are on it.
+async fn leases(raw: &mut etcd_client::Client) -> BTreeMap<i64, (i64, usize)> {
+    let mut found = BTreeMap::new();
+    let ids: Vec<i64> = raw
+        .leases()
+        .await
+        .unwrap()
+        .leases()
+        .iter()
+        .map(|l| l.id())
+        .collect();
+    for id in ids {
+        let options = etcd_client::LeaseTimeToLiveOptions::new().with_keys();
+        let lease = raw
+            .lease_client()
+            .time_to_live(id, Some(options))
+            .await
+            .unwrap();
+        if lease.ttl() > 0 {
+            found.insert(id, (lease.granted_ttl(), lease.keys().len()));
+        }
+    }
+    found
+}
+
+/// A detached hold (a once ticket) is an entry on an etcd lease of its own, which no
+/// session of the client keeps: a retried acquisition keeps that lease and its token,
+/// dropping the client leaves it, `expire_in` moves the entry to a new lease of the asked
+/// TTL with the same create revision (the fencing token) and revokes the old one, and a
+/// release revokes the hold's lease, so no lease is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_detached_hold_lives_on_leases_of_its_own() {
+    let server = start_etcd().await;
+    let url = etcd_url(&[server.addr()], "");
+    let mut raw = etcd_client::Client::connect([server.addr().to_string()], None)
+        .await
+        .unwrap();
+    let key = LockKey::new("ticket").unwrap();
+    let lease_id = LeaseId::random();
+    let request = AcquireRequest::new(key.clone(), TTL * 5, Duration::ZERO, Renewal::Manual)
+        .with_lease_id(lease_id)
+        .detached();
+
+    // A client that took the hold and went: the hold stays, on a lease of its own.
+    let gone = connect(&url).await;
+    let grant = gone.try_acquire(&request).await.unwrap().unwrap();
+    assert!(
+        grant.session().is_none(),
+        "a detached grant lives by no session"
+    );
+    drop(gone);
+    let held: Vec<(i64, usize)> = leases(&mut raw).await.into_values().collect();
+    assert_eq!(
+        held,
+        [(10, 1)],
+        "the hold's lease, and its entry, outlive the client"
+    );
+
+    let first = leases(&mut raw).await;
+    let first: Vec<i64> = first.into_keys().collect();
+
+    // A retry from a client that never saw the first attempt's lease (as one that forgot
+    // it): the entry moves to this attempt's lease, which counts from now.
+    let backend = connect(&url).await;
+    let retried = backend.try_acquire(&request).await.unwrap().unwrap();
+    assert_eq!(retried.token(), grant.token(), "a retry keeps the token");
+    let on = |leases: BTreeMap<i64, (i64, usize)>| -> Vec<(i64, usize)> {
+        leases.into_values().filter(|(_, keys)| *keys > 0).collect()
+    };
+    let moved = leases(&mut raw).await;
+    assert_eq!(moved[&first[0]], (10, 0), "the entry left the first lease");
+    assert_eq!(on(moved.clone()), [(10, 1)]);
+    // Retried again: the same lease, restarted.
+    let retried = backend.try_acquire(&request).await.unwrap().unwrap();
+    assert_eq!(retried.token(), grant.token());
+    assert_eq!(
+        leases(&mut raw).await,
+        moved,
+        "a retry grants no other lease"
+    );
+
+    assert!(backend
+        .expire_in(&key, lease_id, Duration::from_secs(3))
+        .await
+        .unwrap()
+        .is_held());
+    let info = backend.inspect(&key).await.unwrap().unwrap();
+    assert_eq!((info.lease_id, info.token), (lease_id, grant.token()));
+    assert!(info.remaining_ttl <= Duration::from_secs(3), "{info:?}");
+    let now = leases(&mut raw).await;
+    assert_eq!(now.len(), 2, "the hold's former lease was revoked: {now:?}");
+    assert_eq!(
+        on(now),
+        [(3, 1)],
+        "the entry moved to a lease of the asked TTL"
+    );
+
+    assert!(backend.release(&key, lease_id).await.unwrap().is_held());
+    assert!(backend.inspect(&key).await.unwrap().is_none());
+    assert!(!backend
+        .expire_in(&key, lease_id, Duration::from_secs(3))
+        .await
+        .unwrap()
+        .is_held());
+    let left: Vec<i64> = leases(&mut raw).await.into_keys().collect();
+    assert_eq!(
+        left, first,
+        "only the first client's emptied lease is left, to run out"
+    );
 }
 
 /// Review N2 (c): an acquisition that lands in etcd after both of the core's clean-up

@@ -52,6 +52,12 @@ pub struct Capabilities {
     pub max_ttl_hint: Option<&'static str>,
     /// The store keeps TTLs rounded up to a multiple of this.
     pub ttl_granularity: Duration,
+    /// How much sooner than its TTL a hold can end by the store's clock, counted from the
+    /// request that set it: a store that keeps time in whole milliseconds, truncated, can
+    /// end one up to 1 ms early. Zero for a store that starts a TTL when the request
+    /// arrives and runs it out by a finer clock, however coarse its TTLs (etcd's
+    /// whole-second leases). A once-per-window ticket adds it to its bounds.
+    pub clock_step: Duration,
     /// The store keeps idempotency records beside its locks, written fenced by the lock
     /// ([`read_record`](crate::backend::LockBackend::read_record),
     /// [`write_record`](crate::backend::LockBackend::write_record)), so
@@ -69,8 +75,8 @@ pub struct Capabilities {
 
 impl Default for Capabilities {
     /// The least a backend may promise: no fairness, no notification, tokens that do not
-    /// survive a store restart, TTLs from 1 ms to one day at 1 ms granularity, no
-    /// idempotency records.
+    /// survive a store restart, TTLs from 1 ms to one day at 1 ms granularity (and a clock
+    /// in whole milliseconds), no idempotency records.
     fn default() -> Self {
         Capabilities {
             fair_ordering: false,
@@ -83,6 +89,7 @@ impl Default for Capabilities {
             max_ttl_hint: None,
             records_hint: None,
             ttl_granularity: Duration::from_millis(1),
+            clock_step: Duration::from_millis(1),
             records: false,
             detached_holds: false,
         }

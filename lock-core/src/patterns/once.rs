@@ -216,13 +216,15 @@ impl OnceTicket {
     }
 }
 
-/// A store reads its clock in whole `ttl_granularity` steps, truncated, so a hold asked for
-/// `ttl` can end up to one step before `ttl` has really passed since its start. One step
-/// more keeps `at_least` and `at_most` by real time (unless that would pass `max_ttl`).
+/// A store may read its clock in whole steps, truncated, so a hold asked for `ttl` can end
+/// up to one [`clock_step`](Capabilities::clock_step) before `ttl` has really passed since
+/// its start. One step more keeps `at_least` and `at_most` by real time (unless that would
+/// pass `max_ttl`). Not a TTL granularity step: a store with whole-second TTLs and a fine
+/// clock (etcd) would hold a second past `at_most`.
 fn padded(capabilities: &Capabilities, ttl: Duration) -> Duration {
     let padded = capabilities
         .store_ttl(ttl)
-        .saturating_add(capabilities.ttl_granularity);
+        .saturating_add(capabilities.clock_step);
     if padded <= capabilities.max_ttl {
         padded
     } else {
@@ -252,6 +254,23 @@ mod tests {
         assert_eq!(
             padded(&caps, Duration::from_secs(10)),
             Duration::from_secs(10)
+        );
+    }
+
+    #[test]
+    fn a_fine_clock_pads_nothing_whatever_the_ttl_granularity() {
+        let caps = Capabilities {
+            ttl_granularity: Duration::from_secs(1),
+            clock_step: Duration::ZERO,
+            ..Capabilities::default()
+        };
+        assert_eq!(
+            padded(&caps, Duration::from_secs(2)),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            padded(&caps, Duration::from_millis(1500)),
+            Duration::from_secs(2)
         );
     }
 }
