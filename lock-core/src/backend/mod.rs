@@ -246,8 +246,10 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
     /// once-per-window ticket finished early). Answers [`Ownership::NotHeld`] when that lease
     /// is not live.
     /// The default is [`renew`](Self::renew), right for a backend whose renewal sets the
-    /// expiry exactly; a backend whose renewal never shortens a lease overrides it. Not
-    /// used on session-bound backends (their holds cannot be shortened).
+    /// expiry exactly; a backend whose renewal never shortens a lease overrides it. On a
+    /// session-bound backend it is only asked of a
+    /// [detached](crate::backend::AcquireRequest::detached) hold (a session's hold cannot
+    /// be shortened).
     async fn expire_in(
         &self,
         key: &LockKey,
