@@ -32,15 +32,18 @@ pub enum Op {
     Record,
 }
 
-const OPS: [Op; 7] = [
-    Op::Acquire,
-    Op::Queue,
-    Op::Renew,
-    Op::Release,
-    Op::Inspect,
-    Op::Watch,
-    Op::Record,
-];
+impl Op {
+    /// Every operation.
+    pub const ALL: [Op; 7] = [
+        Op::Acquire,
+        Op::Queue,
+        Op::Renew,
+        Op::Release,
+        Op::Inspect,
+        Op::Watch,
+        Op::Record,
+    ];
+}
 
 /// What happens to a targeted operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,7 +156,7 @@ impl FaultyBackend {
 
     /// Calls of every operation together.
     pub fn total_calls(&self) -> u64 {
-        OPS.iter().map(|op| self.calls(*op)).sum()
+        Op::ALL.iter().map(|op| self.calls(*op)).sum()
     }
 
     fn rules(&self) -> std::sync::MutexGuard<'_, HashMap<Op, Rule>> {

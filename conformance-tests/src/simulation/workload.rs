@@ -24,17 +24,6 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_millis(250);
 /// The TTL of the long leases, which outlive any run.
 pub const LONG_TTL: Duration = Duration::from_secs(10);
 
-/// Every operation a store restart makes fail.
-const ALL_OPS: [Op; 7] = [
-    Op::Acquire,
-    Op::Queue,
-    Op::Renew,
-    Op::Release,
-    Op::Inspect,
-    Op::Watch,
-    Op::Record,
-];
-
 /// A key of the run. Each pattern has keys of its own: a once hold or an idempotent run's
 /// lock is judged by that pattern's rules, which a plain guard on the same key would mix up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -1041,7 +1030,8 @@ impl Striker {
                     false => Fault::Fail(ErrorKind::Unavailable),
                 };
                 for backend in &self.hands.backends {
-                    ALL_OPS.iter().for_each(|op| backend.inject(*op, fault));
+                    // A restart fails every operation.
+                    Op::ALL.iter().for_each(|op| backend.inject(*op, fault));
                 }
                 (0..self.cuts.len()).for_each(|client| {
                     self.cut(client);
