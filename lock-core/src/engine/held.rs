@@ -433,14 +433,25 @@ impl HeldLock {
         // The next local task goes to the store once this release is done (or abandoned).
         let mut turn = lock_unpoisoned(&self.local_turn).take();
         // A lost lease stays lost: every guard that shares it (a reentrant owner's) hears so.
-        let previous = {
+        // A lease whose local deadline has passed is lost too, whether or not the engine
+        // has marked it yet (a busy runtime runs its timer late): the holder acted
+        // unprotected since, though the store may still have the lease.
+        let (previous, expired) = {
             let mut state = lock_unpoisoned(&self.state);
             let previous = state.status;
-            if previous == Status::Held {
+            let expired = previous == Status::Held && !state.lease.is_valid();
+            if previous == Status::Held && !expired {
                 state.status = Status::Released;
             }
-            previous
+            (previous, expired)
         };
+        if expired {
+            self.mark_lost(
+                LossReason::DeadlinePassed,
+                "released after the local deadline",
+            );
+            return Err(self.lost_error());
+        }
         match previous {
             Status::Held => self.released(),
             Status::Lost => return Err(self.lost_error()),

@@ -98,8 +98,35 @@ impl LockRequest {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use crate::backend::{LockBackend, Ownership};
-    use crate::{ErrorKind, LockClient, MemoryBackend};
+    use crate::{AcquireOptions, ErrorKind, LockClient, MemoryBackend, Renewal};
+
+    /// A body that blocks its runtime past the local deadline (so the engine cannot mark
+    /// the lease lost in time) but not past the store's expiry: the release still finds
+    /// the lease in the store, and the call reports the loss anyway, as `is_held()` did.
+    /// (It said `Ok` before: the blocking API's `with_lock` test failed so on a loaded
+    /// machine.)
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_body_past_its_deadline_is_lost_though_the_store_still_holds() {
+        let client = LockClient::new(MemoryBackend::new());
+        let ttl = Duration::from_millis(400);
+        let result = client
+            .lock("k")
+            .options(AcquireOptions {
+                ttl,
+                clock_drift: Some(Duration::from_millis(200)),
+                renewal: Renewal::Manual,
+                ..AcquireOptions::default()
+            })
+            .scoped(|scope| async move {
+                std::thread::sleep(Duration::from_millis(250));
+                scope.is_held()
+            })
+            .await;
+        assert_eq!(result.map_err(|e| e.kind()), Err(ErrorKind::Lost));
+    }
 
     /// The body finished, but the store had dropped the lease meanwhile (behind the
     /// holder's back, before its local deadline): the caller learns of the loss.
