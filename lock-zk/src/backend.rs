@@ -16,6 +16,7 @@ use lock_core::{
 use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError};
 
 use crate::config::ZkConfig;
+use crate::detached::{held_for, with_ttl};
 use crate::error::into_error;
 use crate::keys::Layout;
 use crate::keys::{contenders, decode_key, lock_parent, node_prefix, Contender};
@@ -65,6 +66,12 @@ struct Own {
     /// What the latest look at the queue saw ahead of this node, shared with its turn watch.
     ahead: Arc<Ahead>,
     granted: bool,
+    /// A detached hold's node: a TTL node, which no session keeps or ends.
+    detached: bool,
+    /// The node's data as created (its TTL and holder label).
+    data: Arc<[u8]>,
+    /// The server's time of the node's creation (its `mtime` then), in ms.
+    created: i64,
 }
 
 impl Own {
@@ -72,8 +79,12 @@ impl Own {
         format!("{}/{}", self.parent, self.name)
     }
 
-    /// A request about this node, sent at `sent_at`, was answered in its session.
+    /// A request about this node, sent at `sent_at`, was answered in its session. Nothing
+    /// keeps a detached hold: its deadline stays where its creation set it.
     fn proved(&self, sent_at: Instant) {
+        if self.detached {
+            return;
+        }
         self.session.proved(sent_at);
         if let Some(keeper) = &self.manual {
             keeper.kept_alive(sent_at);
@@ -130,8 +141,8 @@ impl ZkBackend {
         let records = Records::ttl_nodes_enabled(&control, &config.root, acls).await?;
         if !records {
             tracing::warn!(
-                "zookeeper: the server refuses TTL nodes, so idempotent runs are refused; \
-                 start it with -Dzookeeper.extendedTypesEnabled=true to keep idempotency records"
+                "zookeeper: the server refuses TTL nodes, so idempotent runs and once tickets \
+                 are refused; start it with -Dzookeeper.extendedTypesEnabled=true to have them"
             );
         }
         Ok(ZkBackend {
@@ -142,6 +153,10 @@ impl ZkBackend {
                     durable_fencing: true,
                     reentrancy: true,
                     records,
+                    // A detached hold is a TTL node too.
+                    detached_holds: records,
+                    // Both ends of a hold's judgment are server times in whole ms.
+                    clock_step: Duration::from_millis(1),
                     records_hint: (!records).then_some(
                         "the ZooKeeper server refuses TTL nodes; start it with \
                          -Dzookeeper.extendedTypesEnabled=true",
@@ -192,15 +207,6 @@ impl ZkBackend {
         let manual = request.renewal() == Renewal::Manual;
         let client = session.client()?;
         let uncertain = lock(&self.inner.uncertain).contains_key(&lease);
-        if uncertain {
-            if let Some(own) = self
-                .find_own(&client, &session, &parent, lease, manual)
-                .await?
-            {
-                return Ok(self.record(lease, own));
-            }
-        }
-        lock(&self.inner.uncertain).insert(lease, Arc::clone(&session));
         let prefix = node_prefix(lease);
         let path = format!("{parent}/{prefix}");
         let mut data = request.ttl().as_millis().to_string();
@@ -208,22 +214,48 @@ impl ZkBackend {
             data.push('\n');
             data.push_str(label);
         }
-        let options = CreateMode::EphemeralSequential.with_acls(self.inner.acls);
+        let data: Arc<[u8]> = Arc::from(data.into_bytes());
+        if uncertain {
+            // A detached hold's earlier node is a TTL node, which this finds in no session
+            // and deletes: the retry queues a new one, whose TTL counts from this attempt
+            // as the core's deadline does.
+            if let Some(own) = self
+                .find_own(&client, &session, &parent, lease, manual, &data)
+                .await?
+            {
+                return Ok(self.record(lease, own));
+            }
+        }
+        lock(&self.inner.uncertain).insert(lease, Arc::clone(&session));
+        let detached = request.is_detached();
+        let options = if detached {
+            // The server keeps the node at least this long after its latest write, longer
+            // than any end its data may name (see `detached.rs`).
+            CreateMode::PersistentSequential
+                .with_acls(self.inner.acls)
+                .with_ttl(self.inner.config.max_ttl)
+        } else {
+            CreateMode::EphemeralSequential.with_acls(self.inner.acls)
+        };
         // The parent is a container the server may reap between our creations.
         for _ in 0..4 {
             let sent_at = Instant::now();
-            match client.create(&path, data.as_bytes(), &options).await {
+            match client.create(&path, &data, &options).await {
                 Ok((stat, sequence)) => {
                     session.proved(sent_at);
                     lock(&self.inner.uncertain).remove(&lease);
+                    let keeper_ttl = if detached { request.ttl() } else { session.ttl };
                     let own = Own {
                         parent,
                         name: format!("{prefix}{sequence}"),
                         czxid: stat.czxid,
-                        manual: manual.then(|| Arc::new(SessionKeeper::new(sent_at, session.ttl))),
+                        manual: manual.then(|| Arc::new(SessionKeeper::new(sent_at, keeper_ttl))),
                         session,
                         ahead: Arc::default(),
                         granted: false,
+                        detached,
+                        data,
+                        created: stat.mtime,
                     };
                     return Ok(self.record(lease, own));
                 }
@@ -239,8 +271,21 @@ impl ZkBackend {
 
     fn record(&self, lease: LeaseId, own: Own) -> Own {
         lock(&self.inner.uncertain).remove(&lease);
-        lock(&self.inner.own).insert(lease, own.clone());
-        if let Some(keeper) = &own.manual {
+        {
+            let mut nodes = lock(&self.inner.own);
+            // A detached hold is left to its TTL, often without a release: forgotten once
+            // that has run out, so the record stays as small as the holds that may live.
+            // (Looked for only as another is made: they are few, the other nodes many.)
+            if own.detached {
+                let now = Instant::now();
+                nodes.retain(|_, node| {
+                    let status = node.keeper().status();
+                    !node.detached || status.proven_at + status.ttl > now
+                });
+            }
+            nodes.insert(lease, own.clone());
+        }
+        if let Some(keeper) = own.manual.as_ref().filter(|_| !own.detached) {
             tokio::spawn(end_unrenewed(
                 Arc::downgrade(&self.inner),
                 lease,
@@ -260,6 +305,7 @@ impl ZkBackend {
         parent: &str,
         lease: LeaseId,
         manual: bool,
+        data: &Arc<[u8]>,
     ) -> Result<Option<Own>> {
         let prefix = node_prefix(lease);
         let children = match client.list_children(parent).await {
@@ -284,6 +330,9 @@ impl ZkBackend {
                     session: Arc::clone(session),
                     ahead: Arc::default(),
                     granted: false,
+                    detached: false,
+                    data: Arc::clone(data),
+                    created: stat.mtime,
                 }))
             }
             Ok(Some(_)) => {
@@ -318,53 +367,187 @@ impl ZkBackend {
     /// Where `own` stands in its queue, read through its own session (which has seen its
     /// creation, so every node ahead of it too).
     async fn place(&self, own: &Own) -> Result<Place> {
-        // A node dies with its session.
-        let Ok(client) = own.session.client() else {
-            return Ok(Place::Gone);
+        let client = match own.session.client() {
+            Ok(client) => client,
+            // A detached hold's node outlives the session that created it.
+            Err(_) if own.detached => self.inner.control.clone(),
+            // A node dies with its session.
+            Err(_) => return Ok(Place::Gone),
         };
         // The holder just ahead is gone, and no node can be created ahead of ours.
         if own.ahead.take_turn() {
             return Ok(Place::First);
         }
-        let sent_at = Instant::now();
-        let (sync, read) = (client.sync(&own.parent), client.list_children(&own.parent));
-        let children = match after_sync(sync, read).await {
-            Ok(children) => children,
-            Err(ZkError::NoNode) => return Ok(Place::Gone),
-            Err(err) => return Err(own.session.failed(err, "reading the queue")),
+        // Each round but the last may end one detached hold at the head that has run out.
+        for _ in 0..8 {
+            let sent_at = Instant::now();
+            let (sync, read) = (client.sync(&own.parent), client.list_children(&own.parent));
+            let children = match after_sync(sync, read).await {
+                Ok(children) => children,
+                Err(ZkError::NoNode) => return Ok(Place::Gone),
+                Err(err) => return Err(own.session.failed(err, "reading the queue")),
+            };
+            own.proved(sent_at);
+            let listed = children.contains(&own.name);
+            let queue = contenders(children);
+            return Ok(match queue.iter().position(|c| c.name == own.name) {
+                Some(0) => Place::First,
+                Some(at) => {
+                    // Only a node named as this crate names them may be a detached hold.
+                    let head = &queue[0];
+                    let ours = head.name.starts_with("_c_") && head.lease_id().is_some();
+                    if ours
+                        && self
+                            .ended_if_over(&client, own, &head.name, at == 1)
+                            .await?
+                    {
+                        continue;
+                    }
+                    own.ahead.saw(queue[at - 1].name.clone(), at == 1);
+                    Place::Behind
+                }
+                None if !listed => Place::Gone,
+                // A node that exists is never taken for gone: forgetting it would leak it,
+                // and it would block the queue for as long as its session lives.
+                None => {
+                    return Err(Error::new(
+                        ErrorKind::Internal,
+                        format!(
+                            "zookeeper: the lock node name {:?} has no sequence",
+                            own.name
+                        ),
+                    ))
+                }
+            });
+        }
+        // Many holds ran out unended: behind, for now (the next look goes on).
+        Ok(Place::Behind)
+    }
+
+    /// Ends the hold of `head`, the first node of `own`'s queue, if it is a detached hold
+    /// that has run out by the server's clock, as the server would (lazily) itself: its
+    /// latest write's `mtime` plus its TTL ([`held_for`]) is no later than a server time
+    /// known to have passed: the `mtime` of our node's creation, or else, when `probe`,
+    /// of a write of our node's data, unchanged. Only the node just behind the head
+    /// probes: a write wakes the waiter behind it, whose look would write again, and so on
+    /// down the queue. The delete is conditional on the version read, so a hold whose end was set anew
+    /// meanwhile ([`expire_in`](LockBackend::expire_in)) is left alone. Whether `head` is
+    /// gone.
+    async fn ended_if_over(
+        &self,
+        client: &Client,
+        own: &Own,
+        head: &str,
+        probe: bool,
+    ) -> Result<bool> {
+        let path = format!("{}/{head}", own.parent);
+        let (data, stat) = match client.get_data(&path).await {
+            Ok(read) => read,
+            Err(ZkError::NoNode) => return Ok(true),
+            Err(err) => return Err(own.session.failed(err, "reading the holder")),
         };
-        own.proved(sent_at);
-        let listed = children.contains(&own.name);
-        let queue = contenders(children);
-        Ok(match queue.iter().position(|c| c.name == own.name) {
-            Some(0) => Place::First,
-            Some(at) => {
-                own.ahead.saw(queue[at - 1].name.clone(), at == 1);
-                Place::Behind
+        let Some(held_for) = held_for(&data, stat.ephemeral_owner) else {
+            return Ok(false);
+        };
+        let over = |now: i64| now.saturating_sub(stat.mtime) >= held_for;
+        if !over(own.created) {
+            // A detached hold's own node is never written to read the clock: a write
+            // restarts its TTL.
+            if own.detached || !probe {
+                return Ok(false);
             }
-            None if !listed => Place::Gone,
-            // A node that exists is never taken for gone: forgetting it would leak it, and
-            // it would block the queue for as long as its session lives.
-            None => {
+            let now = match client.set_data(&own.path(), &own.data, None).await {
+                Ok(written) => written.mtime,
+                Err(ZkError::NoNode) => return Ok(false),
+                Err(err) => return Err(own.session.failed(err, "reading the server's clock")),
+            };
+            if !over(now) {
+                return Ok(false);
+            }
+        }
+        match client.delete(&path, Some(stat.version)).await {
+            Ok(()) | Err(ZkError::NoNode) => Ok(true),
+            // Written since it was read: its end was set anew.
+            Err(ZkError::BadVersion) => Ok(false),
+            Err(err) => Err(own.session.failed(err, "ending a hold that ran out")),
+        }
+    }
+
+    /// Sets the end of `lease_id`'s detached hold on `key` to `ttl` from now, by the
+    /// server's clock: rewrites the TTL in its node's data (a write restarts the TTL from
+    /// its `mtime`), conditional on the version read. A hold that had already run out
+    /// when it was written is deleted instead, as its TTL would have had it.
+    async fn set_end(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<Ownership> {
+        let own = self.known(lease_id);
+        let path = match &own {
+            Some(own) => own.path(),
+            None => match self.find_by_name(key, lease_id).await? {
+                Some(path) => path,
+                None => return Ok(Ownership::NotHeld),
+            },
+        };
+        let client = own
+            .as_ref()
+            .and_then(|own| own.session.client().ok())
+            .unwrap_or_else(|| self.inner.control.clone());
+        let (sync, read) = (client.sync(&path), client.get_data(&path));
+        let (data, stat) = match after_sync(sync, read).await {
+            Ok(read) => read,
+            Err(ZkError::NoNode) => {
+                self.forget(lease_id);
+                return Ok(Ownership::NotHeld);
+            }
+            Err(err) => return Err(into_error(err, "reading the holder")),
+        };
+        let Some(held_for) = held_for(&data, stat.ephemeral_owner) else {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                "zookeeper: only a detached hold (a once ticket) can have its end set; this \
+                 one lives by its session",
+            ));
+        };
+        // The server deletes the node `max_ttl` after this write at the earliest.
+        self.inner.capabilities.check_ttl(ttl)?;
+        let millis = ttl.as_nanos().div_ceil(1_000_000);
+        let sent_at = Instant::now();
+        let rewritten = with_ttl(&data, millis);
+        let written = match client.set_data(&path, &rewritten, Some(stat.version)).await {
+            Ok(written) => written,
+            Err(ZkError::NoNode) => {
+                self.forget(lease_id);
+                return Ok(Ownership::NotHeld);
+            }
+            Err(ZkError::BadVersion) => {
                 return Err(Error::new(
-                    ErrorKind::Internal,
-                    format!(
-                        "zookeeper: the lock node name {:?} has no sequence",
-                        own.name
-                    ),
+                    ErrorKind::Unavailable,
+                    "zookeeper: a hold's node changed as its end was set; retrying",
                 ))
             }
-        })
+            Err(err) => return Err(into_error(err, "setting a hold's end")),
+        };
+        if written.mtime.saturating_sub(stat.mtime) >= held_for {
+            // It had run out before this write (nobody else can hold the key while its
+            // node exists): it ends now.
+            let _ = client.delete(&path, Some(written.version)).await;
+            self.forget(lease_id);
+            return Ok(Ownership::NotHeld);
+        }
+        if let Some(entry) = lock(&self.inner.own).get_mut(&lease_id) {
+            entry.manual = Some(Arc::new(SessionKeeper::new(sent_at, ttl)));
+        }
+        Ok(Ownership::Held)
     }
 
     fn grant(&self, lease: LeaseId, own: &Own) -> Grant {
         if let Some(entry) = lock(&self.inner.own).get_mut(&lease) {
             entry.granted = true;
         }
-        Grant::in_session(
-            FencingToken::new(own.czxid.unsigned_abs()),
-            own.keeper().session(),
-        )
+        let token = FencingToken::new(own.czxid.unsigned_abs());
+        if own.detached {
+            // It lives by its TTL alone, whatever becomes of its session.
+            return Grant::new(token);
+        }
+        Grant::in_session(token, own.keeper().session())
     }
 
     /// Deletes `own`'s node (through its session while it lives) and forgets it.
@@ -618,10 +801,14 @@ impl LockBackend for ZkBackend {
         }
     }
 
-    async fn renew(&self, _key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<Ownership> {
+    async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<Ownership> {
         let Some(own) = self.known(lease_id).filter(|own| own.granted) else {
             return Ok(Ownership::NotHeld);
         };
+        if own.detached {
+            // Nothing keeps a detached hold alive: renewing it sets its end `ttl` from now.
+            return self.set_end(key, lease_id, ttl).await;
+        }
         if ttl > own.session.ttl {
             return Err(Error::new(
                 ErrorKind::InvalidInput,
@@ -653,6 +840,17 @@ impl LockBackend for ZkBackend {
             }
             Err(err) => Err(into_error(err, "renewing")),
         }
+    }
+
+    /// Rewrites the TTL in the detached hold's node (see *Once tickets* in the crate docs);
+    /// any TTL up to `max_ttl`, shorter or longer than the one it had.
+    async fn expire_in(
+        &self,
+        key: &LockKey,
+        lease_id: LeaseId,
+        ttl: Duration,
+    ) -> Result<Ownership> {
+        self.set_end(key, lease_id, ttl).await
     }
 
     async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<Ownership> {
@@ -779,6 +977,13 @@ impl LockBackend for ZkBackend {
     }
 
     async fn enqueue(&self, request: &AcquireRequest) -> Result<()> {
+        if request.is_detached() {
+            // Nothing would keep its node while it waits; a once ticket never waits.
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                "zookeeper: a detached hold (a once ticket) never waits in a key's queue",
+            ));
+        }
         self.own_node(request).await.map(|_| ())
     }
 

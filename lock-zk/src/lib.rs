@@ -19,6 +19,7 @@
 
 mod backend;
 mod config;
+mod detached;
 mod error;
 mod keys;
 mod records;

@@ -204,9 +204,10 @@ async fn a_waiter_whose_session_ended_queues_again() {
 /// A server without TTL nodes (ZooKeeper's default): the backend says at connect that it
 /// keeps no idempotency records, so an idempotent run is refused before its work runs,
 /// instead of running the work and failing at the record (and running it again on every
-/// retry). Locks work as ever.
+/// retry). Nor can it keep a once ticket's hold outside a session: once is refused too.
+/// Locks work as ever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_server_without_ttl_nodes_refuses_idempotent_runs_before_the_work() {
+async fn a_server_without_ttl_nodes_refuses_idempotent_runs_and_once_tickets() {
     let server = conformance_tests::store_process::StoreProcess::start(
         conformance_tests::store_process::StoreSpec::zookeeper_without_ttl_nodes(),
     )
@@ -234,17 +235,19 @@ async fn a_server_without_ttl_nodes_refuses_idempotent_runs_before_the_work() {
         "the refusal names the setting: {refused}"
     );
     assert!(!backend.capabilities().records);
+    assert!(!backend.capabilities().once_holds());
+    let once = client.once(key("no-ttl-once")).await;
+    assert_eq!(once.map(|_| ()).unwrap_err().kind(), ErrorKind::Unsupported);
     let guard = client.lock(key("no-ttl-lock")).await.unwrap();
     guard.release().await.unwrap();
 
-    // The test servers have TTL nodes: there the backend keeps records.
+    // The test servers have TTL nodes: there the backend keeps records and once holds.
     let with_ttl = start_zookeeper().await;
-    assert!(
-        connect(&zk_url(&[with_ttl.addr()], ""))
-            .await
-            .capabilities()
-            .records
-    );
+    let capabilities = connect(&zk_url(&[with_ttl.addr()], ""))
+        .await
+        .capabilities()
+        .clone();
+    assert!(capabilities.records && capabilities.detached_holds);
 }
 
 /// A lease renewed by hand that is not renewed is ended by its client, which deletes its
@@ -286,4 +289,43 @@ async fn an_unrenewed_manual_lease_is_deleted_once_the_link_is_back() {
         .expect("the key is free once the link is back");
     assert!(taken.token() > lease.token());
     taken.release().await.unwrap();
+}
+
+/// A waiter queued behind a once ticket's node gets the key once the ticket's `at_most`
+/// has passed, not before, by its own judgment of the node's end (a write of its own node
+/// tells it the server's time): the server itself would keep the node for `max_ttl_ms`
+/// after its creation. The ticket's client is gone by then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_behind_a_once_ticket_gets_the_key_at_its_end() {
+    let server = start_zookeeper().await;
+    let url = zk_url(&[server.addr()], "");
+    let first = LockClient::new(connect(&url).await);
+    let waiter = LockClient::new(connect(&url).await);
+    let key = key("once-waiter");
+    let at_most = Duration::from_secs(1);
+    let started = Instant::now();
+    let ticket = first
+        .once(&key)
+        .at_most(at_most)
+        .await
+        .unwrap()
+        .expect("a free key gives a ticket");
+    let token = ticket.token();
+    first.shutdown().await.unwrap();
+    drop((ticket, first));
+    let waiting = spawn_lock(waiter, &key, rival_options(Duration::from_secs(20)));
+    let (guard, granted_at) = granted_within(at_most * 10, "the waiter", waiting)
+        .await
+        .unwrap();
+    let taken_at = granted_at.duration_since(started);
+    assert!(
+        taken_at >= at_most,
+        "granted {taken_at:?} after the ticket, before at_most {at_most:?}"
+    );
+    assert!(
+        taken_at < at_most + SLACK * 2,
+        "granted only {taken_at:?} after the ticket, at_most {at_most:?}"
+    );
+    assert!(guard.token() > token);
+    guard.release().await.unwrap();
 }
