@@ -41,7 +41,7 @@
 //! it plays on a current-thread runtime whose clock is paused, and the core reads that
 //! clock (`lock_core::backend::now`), so leases, wait bounds, the renewal schedule and the
 //! memory store's expiry all move on simulated time. Time advances only when every task
-//! waits, so a 10 s lease costs no real time, a run takes about half a millisecond, and a
+//! waits, so a 10 s lease costs no real time, a run takes about a millisecond, and a
 //! seed replays its whole history, instants included (`a_seed_replays_its_history`). The
 //! core's jitter draws from this thread's generator, seeded by the run. Lease ids still
 //! come from the OS's entropy and hash maps use a random hasher; neither changes what
