@@ -1,6 +1,6 @@
 //! Shrinking a failing run to a plan small enough to read: tasks, then faults, then the
 //! steps of each task are left out one at a time, as long as the run still breaks one of
-//! the guarantees the original broke. Each try is a whole run on the paused clock (about
+//! the guarantees the original broke. Each try is a whole run on the paused clock (about a
 //! millisecond), so a greedy pass is cheap; it finds a small plan, not the smallest.
 
 use super::{run_plan, Defect, Plan, Run};
