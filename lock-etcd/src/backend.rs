@@ -7,9 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, LeaseGrantOptions,
-    LeaseTimeToLiveOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
-    TxnResponse,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, SortOrder,
+    SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 use futures_util::StreamExt;
 use lock_core::backend::async_trait;
@@ -24,6 +23,7 @@ use crate::config::{EtcdConfig, Layout};
 use crate::detached::DetachedLeases;
 use crate::error::{into_error, is_lease_not_found};
 use crate::keys::{parse_value, range_end, value, KeySpace};
+use crate::records::RecordLeases;
 use crate::retired::{Attempts, Sending};
 use crate::session::{EtcdSession, Sessions};
 use crate::watch::{DirWatch, Own, TurnWatch};
@@ -53,6 +53,7 @@ struct Inner {
     sessions: Sessions,
     detached: Arc<DetachedLeases>,
     attempts: Attempts,
+    records: RecordLeases,
 }
 
 /// The ask of one acquisition: which session it lives by and its entry.
@@ -124,6 +125,7 @@ impl EtcdBackend {
                 request_timeout: bound,
                 endpoints: config.endpoints().to_vec(),
                 attempts: Attempts::default(),
+                records: RecordLeases::default(),
             }),
         })
     }
@@ -270,6 +272,23 @@ impl EtcdBackend {
             .take_kvs()
             .into_iter()
             .find(|kv| parse_value(kv.value()).is_some_and(|(id, _)| id == lease_id)))
+    }
+
+    /// The etcd lease a record kept `seconds` expires with, on the cluster's clock: the
+    /// client's shared one for that retention, granted when there is none that lives
+    /// long enough.
+    async fn record_lease(&self, seconds: i64) -> Result<i64> {
+        match self.inner.records.lease_for(seconds) {
+            Ok(lease) => Ok(lease),
+            Err(wanted) => {
+                let mut leases = self.inner.client.lease_client();
+                let lease = self
+                    .call("granting a record's lease", leases.grant(wanted.ttl, None))
+                    .await?;
+                self.inner.records.granted(seconds, wanted, lease.id());
+                Ok(lease.id())
+            }
+        }
     }
 
     /// Deletes `lease_id`'s entry on `key` if it is there, only that entry: its name (or,
@@ -527,88 +546,6 @@ impl EtcdBackend {
         }
         Ok(())
     }
-
-    /// The etcd lease a record written under the ownership granted at revision `granted`
-    /// lives by. Its id is derived from the record key and that revision, so a retried
-    /// write (the idempotent layer retries one whose reply was lost) finds the lease of
-    /// the first try instead of granting another that would wait out the retention with
-    /// nothing attached.
-    async fn record_lease(&self, record_key: &[u8], granted: i64, seconds: i64) -> Result<i64> {
-        let id = record_lease_id(record_key, granted);
-        let mut leases = self.inner.client.lease_client();
-        let chosen = LeaseGrantOptions::new().with_id(id);
-        let what = "granting a record's lease";
-        let granted = with_timeout("etcd", self.inner.request_timeout, what, async {
-            Ok(leases.grant(seconds, Some(chosen)).await)
-        })
-        .await?;
-        match granted {
-            Ok(lease) => return Ok(lease.id()),
-            Err(err) if is_lease_taken(&err) => {}
-            Err(err) => return Err(into_error(err, what)),
-        }
-        let found = self
-            .call(
-                "reading a record's lease",
-                leases.time_to_live(id, Some(LeaseTimeToLiveOptions::new().with_keys())),
-            )
-            .await?;
-        let ours = found.ttl() > 0
-            && found.granted_ttl() == seconds
-            && found.keys().iter().all(|k| k.as_slice() == record_key);
-        if ours {
-            // A keep-alive restarts the retention from now, as a fresh grant would.
-            self.call("keeping a record's lease", leases.keep_alive(id))
-                .await?;
-            return Ok(id);
-        }
-        // Another lease has that id (it expired meanwhile, or a hash collision): one of
-        // the server's choosing.
-        let lease = self
-            .call("granting a record's lease", leases.grant(seconds, None))
-            .await?;
-        Ok(lease.id())
-    }
-
-    /// Revokes a record's lease that has nothing attached (a refused write), rather than
-    /// let it wait out the retention; one that holds a record written by an earlier try
-    /// is kept.
-    async fn revoke_if_unused(&self, lease: i64) {
-        let mut leases = self.inner.client.lease_client();
-        let found = self
-            .call(
-                "reading a record's lease",
-                leases.time_to_live(lease, Some(LeaseTimeToLiveOptions::new().with_keys())),
-            )
-            .await;
-        if matches!(&found, Ok(found) if found.keys().is_empty()) {
-            if let Err(err) = self
-                .call("revoking a record's lease", leases.revoke(lease))
-                .await
-            {
-                tracing::debug!(lease, error = %err, "an unused record lease lives out its retention");
-            }
-        }
-    }
-}
-
-/// The id of the etcd lease for the record at `record_key` written under the ownership
-/// granted at revision `granted`: FNV-1a, positive and non-zero as etcd wants a chosen id.
-fn record_lease_id(record_key: &[u8], granted: i64) -> i64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in b"distlock-record\0"
-        .iter()
-        .chain(record_key)
-        .chain(&granted.to_be_bytes())
-    {
-        hash = (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3);
-    }
-    i64::try_from(hash >> 1).unwrap_or(1).max(1)
-}
-
-/// etcd refused a lease id because a lease with it exists.
-fn is_lease_taken(err: &etcd_client::Error) -> bool {
-    matches!(err, etcd_client::Error::GRpcStatus(status) if status.message().contains("lease already exists"))
 }
 
 /// No answer within the connect time-out while `what`.
@@ -1117,8 +1054,10 @@ impl LockBackend for EtcdBackend {
     }
 
     /// Fenced in one transaction: the record is written only if the caller's entry exists
-    /// (so its etcd lease is alive) with the create revision it was granted with, and no
-    /// entry of the key's directory is older (so it is still the owner).
+    /// (so its etcd lease is alive) with the create revision the record's token names,
+    /// and no entry of the key's directory is older (so it is still the owner). In the
+    /// distlock layout the entry's name follows from the lease id, so that transaction is
+    /// the write's only round trip once the record lease is there (see `records.rs`).
     async fn write_record(
         &self,
         key: &LockKey,
@@ -1126,35 +1065,49 @@ impl LockBackend for EtcdBackend {
         record: &Record,
         retention: Duration,
     ) -> Result<Ownership> {
-        let Some(entry) = self.locate(key, lease_id).await? else {
+        let Ok(granted) = i64::try_from(record.token.get()) else {
             return Ok(Ownership::NotHeld);
         };
-        let granted = entry.create_revision();
-        if u64::try_from(granted).ok() != Some(record.token.get()) {
-            return Ok(Ownership::NotHeld);
-        }
-        // The record expires with a lease of its own, on the cluster's clock.
+        let entry = match self.inner.keys.known_entry(key, lease_id) {
+            Some(entry) => entry,
+            // The etcd-mutex layout names entries by their session's lease: searched for.
+            None => match self.locate(key, lease_id).await? {
+                Some(kv) if kv.create_revision() == granted => kv.key().to_vec(),
+                _ => return Ok(Ownership::NotHeld),
+            },
+        };
         // Whole seconds, rounded up (at most thirty years: no overflow).
         let seconds = (Record::retention_millis(retention)? + 999) / 1000;
-        let record_key = self.inner.keys.record(key);
-        let lease = self.record_lease(&record_key, granted, seconds).await?;
         let dir = self.inner.keys.dir(key);
-        let txn = Txn::new()
-            .when([
-                Compare::create_revision(entry.key().to_vec(), CompareOp::Equal, granted),
-                Compare::create_revision(dir.clone(), CompareOp::Greater, granted - 1)
-                    .with_range(range_end(&dir)),
-            ])
-            .and_then([TxnOp::put(
-                record_key,
+        let fenced = [
+            Compare::create_revision(entry, CompareOp::Equal, granted),
+            Compare::create_revision(dir.clone(), CompareOp::Greater, granted - 1)
+                .with_range(range_end(&dir)),
+        ];
+        let record_key = self.inner.keys.record(key);
+        // A lease etcd lost is replaced once; a second loss in a row is an error.
+        let mut replaced = false;
+        loop {
+            let lease = self.record_lease(seconds).await?;
+            let txn = Txn::new().when(fenced.clone()).and_then([TxnOp::put(
+                record_key.clone(),
                 record.to_bytes(),
                 Some(PutOptions::new().with_lease(lease)),
             )]);
-        let written = self.call("writing a record", self.kv().txn(txn)).await?;
-        if !written.succeeded() {
-            self.revoke_if_unused(lease).await;
+            let what = "writing a record";
+            let sent = with_timeout("etcd", self.inner.request_timeout, what, async {
+                Ok(self.kv().txn(txn).await)
+            })
+            .await?;
+            match sent {
+                Ok(written) => return Ok(Ownership::held_if(written.succeeded())),
+                Err(err) if is_lease_not_found(&err) && !replaced => {
+                    self.inner.records.gone(seconds, lease);
+                    replaced = true;
+                }
+                Err(err) => return Err(into_error(err, what)),
+            }
         }
-        Ok(Ownership::held_if(written.succeeded()))
     }
 }
 
@@ -1164,23 +1117,5 @@ impl fmt::Debug for EtcdBackend {
             .field("endpoints", &self.inner.endpoints)
             .field("keys", &self.inner.keys)
             .finish_non_exhaustive()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn record_lease_ids_are_positive_and_differ_by_key_and_grant() {
-        let ids = [
-            record_lease_id(b"p/a/record", 7),
-            record_lease_id(b"p/a/record", 8),
-            record_lease_id(b"p/b/record", 7),
-        ];
-        assert!(ids.iter().all(|id| *id > 0), "{ids:?}");
-        assert_ne!(ids[0], ids[1]);
-        assert_ne!(ids[0], ids[2]);
-        assert_eq!(ids[0], record_lease_id(b"p/a/record", 7));
     }
 }

@@ -23,6 +23,7 @@ mod config;
 mod detached;
 mod error;
 mod keys;
+mod records;
 mod retired;
 mod server;
 mod session;

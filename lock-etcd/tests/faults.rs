@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use conformance_tests::network::closed_addr;
 use conformance_tests::proxy::{ProxyMode, TcpFaultProxy};
 use conformance_tests::{everything_shown, SLACK};
-use lock_core::backend::{AcquireRequest, Record};
+use lock_core::backend::{AcquireRequest, LockBackendExt, Record};
 use lock_core::{ErrorKind, LeaseId, LockClient, LockKey, Renewal};
 use support::{connect, etcd_url, etcdctl, start_etcd};
 
@@ -112,7 +112,7 @@ async fn another_kind_of_server_is_not_taken_for_etcd() {
 
 /// A record write retried (the idempotent layer retries one whose reply was lost) reuses
 /// the record's etcd lease, so no lease per retry waits out the retention with nothing on
-/// it; the record lives by one lease of the retention's length.
+/// it; the record lives by one lease that outlives the retention by at most an eighth.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retried_record_writes_leave_one_lease() {
     let server = start_etcd().await;
@@ -168,7 +168,14 @@ async fn retried_record_writes_leave_one_lease() {
             )
             .await
             .unwrap();
-        if found.granted_ttl() == 3600 {
+        // Not the session's lease (`TTL * 5`).
+        if found.granted_ttl() >= 3600 {
+            assert!(
+                found.ttl() >= 3600 && found.granted_ttl() <= 3600 + 3600 / 8 + 1,
+                "the record's lease has {} s left of {} s",
+                found.ttl(),
+                found.granted_ttl()
+            );
             record_leases.push(found.keys().len());
         }
     }
@@ -178,6 +185,47 @@ async fn retried_record_writes_leave_one_lease() {
         Some(record.clone())
     );
     let _ = backend.release(&key, lease).await.unwrap();
+}
+
+/// A shared record lease that etcd no longer has (revoked by hand here) is replaced by
+/// the next write, which succeeds, instead of failing every write of that retention for
+/// the rest of its reuse window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_lease_revoked_by_hand_is_replaced() {
+    let server = start_etcd().await;
+    let backend = connect(&etcd_url(&[server.addr()], "")).await;
+    let mut raw = etcd_client::Client::connect([server.addr().to_string()], None)
+        .await
+        .unwrap();
+    let key = LockKey::new("revoked").unwrap();
+    let request = AcquireRequest::new(key.clone(), TTL * 5, Duration::ZERO, Renewal::Manual);
+    let lease = backend.acquire_once(&request, TTL).await.unwrap();
+    let record = Record {
+        value: b"done".to_vec(),
+        fingerprint: None,
+        token: lease.token(),
+    };
+    let retention = Duration::from_secs(60);
+    let write = || backend.write_record(&key, lease.id(), &record, retention);
+    assert!(write().await.unwrap().is_held());
+    // The record's lease is the one with the record on it that outlives the session's.
+    let record_lease = |found: &BTreeMap<i64, (i64, usize)>| {
+        found
+            .iter()
+            .find(|(_, (granted, keys))| *granted >= 60 && *keys == 1)
+            .map(|(id, _)| *id)
+    };
+    let first = record_lease(&leases(&mut raw).await).unwrap();
+    raw.lease_revoke(first).await.unwrap();
+    assert_eq!(backend.read_record(&key).await.unwrap(), None);
+    assert!(write().await.unwrap().is_held());
+    assert_eq!(
+        backend.read_record(&key).await.unwrap(),
+        Some(record.clone())
+    );
+    let second = record_lease(&leases(&mut raw).await).unwrap();
+    assert_ne!(second, first);
+    let _ = backend.release(&key, lease.id()).await.unwrap();
 }
 
 /// The etcd leases on the server, each with its granted TTL and how many keys are on it.
