@@ -58,8 +58,10 @@ pub enum Execution<E, T = Vec<u8>> {
 /// A failed run ([`Execution::Failed`]) records nothing, so the next call runs the work
 /// again. The work is not stopped when the lock is lost (use
 /// [`LockClient::with_lock`](crate::LockClient::with_lock) inside it for that); its
-/// result is then refused. Records are kept for the [`retention`](Self::retention) period
-/// and then forgotten by the store: a retry after that runs the work again.
+/// result is then refused. Records are kept for at least the
+/// [`retention`](Self::retention) period (a store may keep one a little longer: etcd up to
+/// an eighth of it, its docs say why) and then forgotten by the store: a retry after that
+/// runs the work again.
 ///
 /// Needs a backend with [`Capabilities::records`](crate::Capabilities::records); others
 /// refuse with [`ErrorKind::Unsupported`].
@@ -120,7 +122,7 @@ impl IdempotentRequest {
         self
     }
 
-    /// How long the store keeps the result for retries. Default: one day. Zero, or more
+    /// How long the store keeps the result for retries, at least. Default: one day. Zero, or more
     /// than [`MAX_RETENTION`](crate::backend::MAX_RETENTION), is
     /// [`ErrorKind::InvalidInput`] when the request runs.
     pub fn retention(mut self, retention: Duration) -> Self {
