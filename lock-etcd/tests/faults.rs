@@ -117,9 +117,7 @@ async fn another_kind_of_server_is_not_taken_for_etcd() {
 async fn retried_record_writes_leave_one_lease() {
     let server = start_etcd().await;
     let backend = connect(&etcd_url(&[server.addr()], "")).await;
-    let mut raw = etcd_client::Client::connect([server.addr().to_string()], None)
-        .await
-        .unwrap();
+    let mut raw = raw_client(&server).await;
     let key = LockKey::new("records").unwrap();
     let lease = LeaseId::random();
     let request = AcquireRequest::new(key.clone(), TTL * 5, Duration::ZERO, Renewal::Manual)
@@ -194,9 +192,7 @@ async fn retried_record_writes_leave_one_lease() {
 async fn a_record_lease_revoked_by_hand_is_replaced() {
     let server = start_etcd().await;
     let backend = connect(&etcd_url(&[server.addr()], "")).await;
-    let mut raw = etcd_client::Client::connect([server.addr().to_string()], None)
-        .await
-        .unwrap();
+    let mut raw = raw_client(&server).await;
     let key = LockKey::new("revoked").unwrap();
     let request = AcquireRequest::new(key.clone(), TTL * 5, Duration::ZERO, Renewal::Manual);
     let lease = backend.acquire_once(&request, TTL).await.unwrap();
@@ -226,6 +222,15 @@ async fn a_record_lease_revoked_by_hand_is_replaced() {
     let second = record_lease(&leases(&mut raw).await).unwrap();
     assert_ne!(second, first);
     let _ = backend.release(&key, lease.id()).await.unwrap();
+}
+
+/// A plain etcd client of `server`, to look behind the backend's back.
+async fn raw_client(
+    server: &conformance_tests::store_process::StoreProcess,
+) -> etcd_client::Client {
+    etcd_client::Client::connect([server.addr().to_string()], None)
+        .await
+        .unwrap()
 }
 
 /// The etcd leases on the server, each with its granted TTL and how many keys are on it.
@@ -262,9 +267,7 @@ async fn leases(raw: &mut etcd_client::Client) -> BTreeMap<i64, (i64, usize)> {
 async fn a_detached_hold_lives_on_leases_of_its_own() {
     let server = start_etcd().await;
     let url = etcd_url(&[server.addr()], "");
-    let mut raw = etcd_client::Client::connect([server.addr().to_string()], None)
-        .await
-        .unwrap();
+    let mut raw = raw_client(&server).await;
     let key = LockKey::new("ticket").unwrap();
     let lease_id = LeaseId::random();
     let request = AcquireRequest::new(key.clone(), TTL * 5, Duration::ZERO, Renewal::Manual)

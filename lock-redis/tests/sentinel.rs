@@ -117,12 +117,7 @@ async fn a_client_follows_a_failover_and_a_held_lock_keeps_one_holder() {
 
     let old = setup.primary().await;
     let started = Instant::now();
-    let () = redis::cmd("SENTINEL")
-        .arg("FAILOVER")
-        .arg(SENTINEL_MASTER)
-        .query_async(&mut raw(setup.sentinels()[0].addr()).await)
-        .await
-        .unwrap();
+    failover(&setup).await;
     eventually(
         FAILOVER_BOUND,
         "the sentinels name a new primary",
@@ -214,12 +209,7 @@ async fn a_switch_announced_by_sentinel_moves_the_client() {
         .query_async(&mut raw(old).await)
         .await
         .unwrap();
-    let () = redis::cmd("SENTINEL")
-        .arg("FAILOVER")
-        .arg(SENTINEL_MASTER)
-        .query_async(&mut raw(setup.sentinels()[0].addr()).await)
-        .await
-        .unwrap();
+    failover(&setup).await;
     eventually(
         FAILOVER_BOUND,
         "every sentinel names a new primary",
@@ -361,6 +351,16 @@ async fn a_replica_is_never_written_and_a_demoted_primary_is_left() {
     assert!(entry(replica.addr(), &lock_key("distlock:", &demoted))
         .await
         .is_some());
+}
+
+/// Asks the first sentinel to fail the primary over (`SENTINEL FAILOVER`).
+async fn failover(setup: &SentinelSetup) {
+    let () = redis::cmd("SENTINEL")
+        .arg("FAILOVER")
+        .arg(SENTINEL_MASTER)
+        .query_async(&mut raw(setup.sentinels()[0].addr()).await)
+        .await
+        .unwrap();
 }
 
 /// `REPLICAOF` on the server at `server`: of `primary`, or `NO ONE` to promote it.
