@@ -57,13 +57,13 @@ mod values;
 
 pub use backend::{Capabilities, Liveness};
 pub use client::LockOwner;
-pub use client::{LockClient, LockGuard, LockRequest, LockStatus};
+pub use client::{LockClient, LockGuard, LockRequest, LockStatus, Permit};
 pub use engine::held::{LeaseHealth, LossReason};
 pub use memory::MemoryBackend;
 pub use patterns::{
     Execution, FencedResource, IdempotentRequest, LockScope, OnceRequest, OnceTicket, StaleToken,
 };
 pub use values::{
-    AcquireOptions, Backoff, Error, ErrorKind, FencingToken, Lease, LeaseId, LeaseSharing, LockKey,
-    Renewal, Result, Wait,
+    AcquireOptions, Backoff, Error, ErrorKind, FencingToken, HoldKind, Lease, LeaseId,
+    LeaseSharing, LockKey, Primitive, Renewal, Result, Wait,
 };

@@ -670,6 +670,7 @@ fn holder_info(owner: &KeyValue, entries: usize, left: i64) -> Option<HolderInfo
         remaining_ttl: Duration::from_secs(u64::try_from(left).unwrap_or(0)),
         waiters: Some(entries.saturating_sub(1)),
         holder,
+        kind: lock_core::HoldKind::Mutex,
     })
 }
 

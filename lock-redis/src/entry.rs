@@ -64,6 +64,7 @@ impl Held {
             remaining_ttl: self.remaining_ttl,
             waiters: None,
             holder: self.label,
+            kind: lock_core::HoldKind::Mutex,
         }
     }
 }

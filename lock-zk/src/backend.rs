@@ -895,6 +895,7 @@ impl LockBackend for ZkBackend {
             remaining_ttl,
             waiters: Some(waiters),
             holder: label.filter(|_| ttl.is_some()),
+            kind: lock_core::HoldKind::Mutex,
         }))
     }
 

@@ -71,12 +71,20 @@ pub struct Capabilities {
     /// ([`once_holds`](Self::once_holds)). Meaningless for leases that live by their TTL
     /// anyway.
     pub detached_holds: bool,
+    /// The store keeps semaphores and reader-writer locks: keys held in the
+    /// [`HoldKind`](crate::HoldKind)s `Permit`, `Read` and `Write`, several leases at once,
+    /// by the rules of [`LockBackend`](crate::backend::LockBackend)'s *Shared holds*.
+    pub shared_holds: bool,
+    /// Where [`shared_holds`](Self::shared_holds) is off, why: said in the error that
+    /// refuses a semaphore or a reader-writer lock.
+    pub shared_holds_refusal: Option<&'static str>,
 }
 
 impl Default for Capabilities {
     /// The least a backend may promise: no fairness, no notification, tokens that do not
     /// survive a store restart, TTLs from 1 ms to one day at 1 ms granularity (and a clock
-    /// in whole milliseconds), no idempotency records.
+    /// in whole milliseconds), no idempotency records, no semaphores or reader-writer
+    /// locks.
     fn default() -> Self {
         Capabilities {
             fair_ordering: false,
@@ -92,6 +100,8 @@ impl Default for Capabilities {
             clock_step: Duration::from_millis(1),
             records: false,
             detached_holds: false,
+            shared_holds: false,
+            shared_holds_refusal: None,
         }
     }
 }
@@ -108,6 +118,28 @@ impl Capabilities {
     /// store, with [`detached_holds`](Self::detached_holds).
     pub fn once_holds(&self) -> bool {
         !self.session_bound() || self.detached_holds
+    }
+
+    /// Refuses a hold of `key` the store cannot keep (a semaphore or a reader-writer lock
+    /// on a store without [`shared_holds`](Self::shared_holds)), with
+    /// [`ErrorKind::Unsupported`](crate::ErrorKind) naming `backend` and why.
+    pub fn check_kind(&self, backend: &str, key: &crate::LockKey) -> Result<()> {
+        if key.primitive() == crate::Primitive::Mutex || self.shared_holds {
+            return Ok(());
+        }
+        Err(Error::new(
+            crate::ErrorKind::Unsupported,
+            format!(
+                "{backend} keeps no {}s{}",
+                match key.primitive() {
+                    crate::Primitive::Semaphore => "semaphore",
+                    _ => "reader-writer lock",
+                },
+                self.shared_holds_refusal
+                    .map(|why| format!(": {why}"))
+                    .unwrap_or_default()
+            ),
+        ))
     }
 
     /// Refuses a TTL the store cannot keep, with [`ErrorKind::InvalidInput`](crate::ErrorKind).

@@ -51,7 +51,7 @@ use support::within;
 pub use sync::lock_unpoisoned;
 
 use crate::values::error::{Error, ErrorKind, Result};
-use crate::values::key::LockKey;
+use crate::values::key::{HoldKind, LockKey};
 use crate::values::lease::{FencingToken, Lease, LeaseId};
 
 /// A shareable, type-erased backend: what the client layer and the conformance suite hold.
@@ -73,6 +73,9 @@ pub struct HolderInfo {
     pub waiters: Option<usize>,
     /// The holder's label ([`AcquireRequest::holder_label`]), where the store keeps it.
     pub holder: Option<String>,
+    /// How the holder holds the key: [`HoldKind::Mutex`] for a mutex; a permit, a read or
+    /// a write for the other primitives.
+    pub kind: HoldKind,
 }
 
 /// How a release ended, from the releasing lease's point of view.
@@ -219,6 +222,51 @@ pub trait KeyWatch: Send {
 /// - [`fair_ordering`](Capabilities::fair_ordering): the queue operations
 ///   ([`enqueue`](Self::enqueue), [`try_acquire_queued`](Self::try_acquire_queued),
 ///   [`leave_queue`](Self::leave_queue), [`watch_turn`](Self::watch_turn)).
+/// - [`shared_holds`](Capabilities::shared_holds): the rules below, and
+///   [`holders`](Self::holders).
+///
+/// # Shared holds: semaphores and reader-writer locks
+///
+/// Every key says how it is held ([`LockKey::kind`]). The core sends a backend keys of
+/// other kinds than [`HoldKind::Mutex`] only when it declares
+/// [`shared_holds`](Capabilities::shared_holds), and never to the record, detached-hold or
+/// [`list_held`](Self::list_held) operations. Each [`Primitive`](crate::Primitive) has a
+/// namespace of its own: the mutex `k`, the semaphore `k` and the reader-writer lock `k`
+/// are three keys that never contend. A semaphore or reader-writer key may be held by
+/// several leases at once, each an entry of its own (lease id, kind, token, expiry or
+/// session, label), found by `(key, lease id)` as a mutex's lease is.
+///
+/// - **Grant rules** ([`try_acquire`](Self::try_acquire), and
+///   [`try_acquire_queued`](Self::try_acquire_queued) on a fair backend):
+///   - `Permit { limit }`: granted while fewer than `limit` live leases hold the
+///     semaphore. A live holder (or a queued waiter) that asked with another limit makes
+///     the request [`ErrorKind::InvalidInput`], naming both limits; the limit is the
+///     semaphore's for as long as anyone holds or waits for it, so it changes once the
+///     semaphore is empty.
+///   - `Read`: granted while no live lease holds the write lock and no writer waits.
+///   - `Write`: granted while no live lease holds the key at all (read or write).
+///   - A retry by a lease id that already holds the key answers its grant again, as for
+///     the mutex: same token, TTL restarted.
+/// - **Waiting writers** (writer preference): on a backend without
+///   [`fair_ordering`](Capabilities::fair_ordering), a `Write` request that
+///   [`waits`](AcquireRequest::waits) and is refused leaves an intent for its lease id that
+///   lives for its TTL from the attempt (each attempt renews it), or as long as its
+///   session; a live intent of another lease makes `Read` requests wait. The grant of that
+///   lease, its [`release`](Self::release) (answering [`Ownership::NotHeld`] when only the
+///   intent was there) and the intent's expiry remove it. A single try leaves none. On a
+///   fair backend the queue does this: a reader is granted when no writer holds the key
+///   and none is queued ahead of it; a writer when it is first in the queue and nobody
+///   holds the key; a permit when fewer than `limit` leases hold or queue ahead of it.
+/// - **Tokens**: every grant's token is greater than every token granted before for the
+///   key in its primitive (every permit of a semaphore; every read and write of a
+///   reader-writer lock).
+/// - [`renew`](Self::renew), [`renew_many`](Self::renew_many),
+///   [`expire_in`](Self::expire_in) and [`release`](Self::release) act on the one entry of
+///   `(key, lease id)`, leaving the key's other holders alone. [`watch`](Self::watch)
+///   wakes for the release of any of the key's holders.
+/// - [`inspect`](Self::inspect) answers one holder (the oldest), [`holders`](Self::holders)
+///   every live one; [`stored_keys`](Self::stored_keys) lists shared keys too (holders,
+///   intents, queue entries), and nothing once every holder and waiter is gone.
 #[async_trait]
 pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
     /// A short name for logs and reports (`"memory"`, `"redis"`, `"postgres"`, ...).
@@ -282,6 +330,14 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
 
     /// Who holds `key`, or `None` if it is free (expired leases count as free).
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>>;
+
+    /// Every live lease holding `key`, oldest grant first: one at most for a mutex, up to
+    /// the limit for a semaphore, every reader (or the one writer) of a reader-writer lock.
+    /// The default answers [`inspect`](Self::inspect)'s holder, right for a backend
+    /// without [`shared_holds`](Capabilities::shared_holds).
+    async fn holders(&self, key: &LockKey) -> Result<Vec<HolderInfo>> {
+        Ok(self.inspect(key).await?.into_iter().collect())
+    }
 
     /// Every live lease whose key starts with `prefix`, at most `limit` of them, in key
     /// order: for operators looking for a stuck key. The default refuses with
@@ -588,6 +644,9 @@ macro_rules! forward_backend {
             }
             async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
                 (**self).inspect(key).await
+            }
+            async fn holders(&self, key: &LockKey) -> Result<Vec<HolderInfo>> {
+                (**self).holders(key).await
             }
             async fn list_held(
                 &self,

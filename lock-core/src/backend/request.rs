@@ -27,6 +27,7 @@ pub struct AcquireRequest {
     renewal: Renewal,
     holder_label: Option<Arc<str>>,
     detached: bool,
+    waits: bool,
     unanswered: Arc<AtomicBool>,
     /// Attempts sent whose outcome nobody has heard: a future dropped mid-attempt leaves
     /// its count here, since its request may still reach the store.
@@ -49,6 +50,7 @@ impl AcquireRequest {
             renewal,
             holder_label: None,
             detached: false,
+            waits: false,
             unanswered: Arc::default(),
             in_flight: Arc::default(),
         }
@@ -69,6 +71,20 @@ impl AcquireRequest {
     pub fn detached(mut self) -> Self {
         self.detached = true;
         self
+    }
+
+    /// The same request from a caller that waits for the key if it is held (not a single
+    /// try). A reader-writer lock's writer that waits leaves its intent in the store, so
+    /// that new readers queue behind it (see [`LockBackend`](crate::backend::LockBackend)'s
+    /// *Shared holds*); a single try leaves nothing.
+    pub fn waiting(mut self, waits: bool) -> Self {
+        self.waits = waits;
+        self
+    }
+
+    /// Whether the caller waits for the key if it is held ([`waiting`](Self::waiting)).
+    pub fn waits(&self) -> bool {
+        self.waits
     }
 
     /// Whether the hold is to live by its TTL alone ([`detached`](Self::detached)).

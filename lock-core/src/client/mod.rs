@@ -6,6 +6,9 @@ pub(crate) mod request;
 pub(crate) mod status;
 
 pub use guard::LockGuard;
+/// One permit of a counting semaphore ([`LockClient::semaphore`]): a guard like a lock's,
+/// with the permit's own lease and fencing token.
+pub type Permit = LockGuard;
 pub use owner::LockOwner;
 pub use request::LockRequest;
 pub use status::LockStatus;
@@ -21,7 +24,7 @@ use crate::patterns::idempotent::IdempotentRequest;
 use crate::patterns::once::OnceRequest;
 use crate::patterns::scoped::LockScope;
 use crate::values::error::{Error, ErrorKind, Result};
-use crate::values::key::LockKey;
+use crate::values::key::{HoldKind, LockKey, Primitive};
 use crate::values::lease::FencingToken;
 use crate::values::options::AcquireOptions;
 
@@ -92,6 +95,111 @@ impl LockClient {
     /// the queue: while anyone waits for the key, it is refused too.
     pub fn try_lock(&self, key: impl AsRef<str>) -> LockRequest {
         self.lock(key).no_wait()
+    }
+
+    /// A request for one permit of the counting semaphore `key`, which admits `permits`
+    /// holders at once: refine it like [`lock`](Self::lock)'s and `.await` it for a
+    /// [`Permit`](crate::Permit). Each permit is a lease of its own, with its own fencing
+    /// token (greater than every token granted before for the semaphore), renewed and
+    /// watched like a lock's.
+    ///
+    /// The limit belongs to the semaphore while anyone holds or waits for it: a request
+    /// with another limit meanwhile is [`ErrorKind::InvalidInput`](crate::ErrorKind),
+    /// naming both. To change the limit, let every holder release (or use a new key).
+    /// Zero permits is `InvalidInput` too. A store without semaphores refuses with
+    /// [`ErrorKind::Unsupported`](crate::ErrorKind) (Redlock: a majority of nodes cannot
+    /// count holders).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lock_core::Result<()> {
+    /// use lock_core::{ErrorKind, LockClient, MemoryBackend};
+    ///
+    /// let client = LockClient::new(MemoryBackend::new());
+    /// let first = client.semaphore("gpu", 2).await?;
+    /// let second = client.semaphore("gpu", 2).await?;
+    /// let third = client.semaphore("gpu", 2).no_wait().await;
+    /// assert_eq!(third.unwrap_err().kind(), ErrorKind::HeldByAnother);
+    /// assert!(second.token() > first.token());
+    /// first.release().await?;
+    /// second.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn semaphore(&self, key: impl AsRef<str>, permits: u32) -> LockRequest {
+        self.held_as(key, HoldKind::Permit { limit: permits })
+    }
+
+    /// A request for the read (shared) side of the reader-writer lock `key`: held by many
+    /// readers at once, never while a writer holds it. A writer that waits goes first:
+    /// readers that come after it wait until it has had its turn, so readers that keep
+    /// overlapping cannot starve it. A read grant's token is at least the last writer's.
+    pub fn read_lock(&self, key: impl AsRef<str>) -> LockRequest {
+        self.held_as(key, HoldKind::Read)
+    }
+
+    /// A request for the write (exclusive) side of the reader-writer lock `key`: granted
+    /// when nobody holds it, read or write. A write grant's token is greater than every
+    /// token granted before for the lock, read or write.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lock_core::Result<()> {
+    /// use lock_core::{LockClient, MemoryBackend};
+    ///
+    /// let client = LockClient::new(MemoryBackend::new());
+    /// let reader = client.read_lock("catalog").await?;
+    /// let another = client.read_lock("catalog").await?;
+    /// assert!(client.write_lock("catalog").no_wait().await.is_err());
+    /// reader.release().await?;
+    /// another.release().await?;
+    /// let writer = client.write_lock("catalog").no_wait().await?;
+    /// assert!(writer.token() > another.token());
+    /// writer.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn write_lock(&self, key: impl AsRef<str>) -> LockRequest {
+        self.held_as(key, HoldKind::Write)
+    }
+
+    fn held_as(&self, key: impl AsRef<str>, kind: HoldKind) -> LockRequest {
+        LockRequest::new(
+            Arc::clone(&self.core),
+            None,
+            LockKey::new(key).and_then(|key| key.held_as(kind)),
+            self.defaults.clone(),
+        )
+    }
+
+    /// Every live holder of `key` as `primitive` (the mutex, the semaphore or the
+    /// reader-writer lock of that name), oldest grant first, with what
+    /// [`inspect`](Self::inspect) tells of each and how it holds the key
+    /// ([`LockStatus::kind`]). Empty when nobody holds it.
+    pub async fn holders(
+        &self,
+        key: impl AsRef<str>,
+        primitive: Primitive,
+    ) -> Result<Vec<LockStatus>> {
+        let kind = match primitive {
+            Primitive::Mutex => HoldKind::Mutex,
+            // The limit does not matter to a look at the holders.
+            Primitive::Semaphore => HoldKind::Permit { limit: 1 },
+            Primitive::RwLock => HoldKind::Read,
+        };
+        let key = LockKey::new(key)?.held_as(kind)?;
+        self.core
+            .backend
+            .capabilities()
+            .check_kind(self.core.backend.name(), &key)?;
+        let holders = with_timeout(
+            self.core.backend.name(),
+            self.defaults.request_timeout,
+            "holders",
+            self.core.backend.holders(&key),
+        )
+        .await?;
+        Ok(holders.into_iter().map(LockStatus::from).collect())
     }
 
     /// Who holds `key` right now: token, remaining TTL, waiters and label where the store

@@ -21,6 +21,9 @@ pub struct LockStatus {
     /// The holder's label ([`AcquireOptions::holder_label`](crate::AcquireOptions)), where
     /// the store keeps one.
     pub holder: Option<String>,
+    /// How the holder holds the key: [`HoldKind::Mutex`](crate::HoldKind) for a lock, a
+    /// permit, a read or a write for the other primitives.
+    pub kind: crate::HoldKind,
 }
 
 impl From<crate::backend::HolderInfo> for LockStatus {
@@ -30,6 +33,7 @@ impl From<crate::backend::HolderInfo> for LockStatus {
             remaining_ttl: info.remaining_ttl,
             waiters: info.waiters,
             holder: info.holder,
+            kind: info.kind,
         }
     }
 }

@@ -53,6 +53,9 @@ async fn acquire_counted(
     started: Instant,
 ) -> Result<Arc<HeldLock>> {
     core.refuse_if_shut_down()?;
+    core.backend
+        .capabilities()
+        .check_kind(core.backend.name(), &key)?;
     check_options(&core.backend, &options)?;
     let line = tracing::debug_span!(
         "distlock.wait",
@@ -156,6 +159,10 @@ async fn acquire_lease(
         let request =
             AcquireRequest::new(key, options.ttl, options.drift_allowance(), options.renewal)
                 .with_holder_label(options.holder_label.clone())
+                .waiting(!matches!(
+                    options.wait,
+                    Wait::No | Wait::UpTo(Duration::ZERO)
+                ))
                 .for_store(backend.capabilities());
         let request = match keeping {
             Keeping::Renewed => request,

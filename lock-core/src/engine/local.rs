@@ -19,7 +19,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::backend::{held_by_another, lock_unpoisoned, DynBackend};
 use crate::engine::cleanup::{Cleanup, CleanupOf};
 use crate::values::error::{Error, ErrorKind, Result};
-use crate::values::key::LockKey;
+use crate::values::key::{HoldKind, LockKey};
 use crate::values::lease::Lease;
 use crate::values::options::Wait;
 
@@ -31,8 +31,8 @@ pub(crate) struct LocalLines {
     lines: Lines,
 }
 
-/// One key's line: a single turn, handed out first come, first served (tokio's semaphore
-/// is fair), how many tasks wait for it, and a lease handed from the last holder to the
+/// One key's line: its turns (one for an exclusive hold), handed out first come, first
+/// served (tokio's semaphore is fair), how many tasks wait for one, and a lease handed from the last holder to the
 /// next task (opt-in handoff).
 #[derive(Debug)]
 struct Line {
@@ -79,7 +79,7 @@ impl LocalLines {
                 .entry(key.clone())
                 .or_insert_with(|| {
                     Arc::new(Line {
-                        turn: Arc::new(Semaphore::new(1)),
+                        turn: Arc::new(Semaphore::new(turns(key))),
                         waiting: Mutex::new(0),
                         handed: Mutex::new(None),
                     })
@@ -142,6 +142,17 @@ impl LocalLines {
         lock_unpoisoned(&self.lines)
             .get(key)
             .map_or(0, |line| *lock_unpoisoned(&line.waiting))
+    }
+}
+
+/// How many of the client's tasks may hold `key` at once, and so go to the store without
+/// waiting in line: one for an exclusive hold; for a semaphore, no more tasks than it has
+/// permits (the store would refuse the others anyway); readers do not line up.
+fn turns(key: &LockKey) -> usize {
+    match key.kind() {
+        HoldKind::Mutex | HoldKind::Write => 1,
+        HoldKind::Permit { limit } => (limit as usize).min(Semaphore::MAX_PERMITS),
+        HoldKind::Read => Semaphore::MAX_PERMITS,
     }
 }
 

@@ -470,6 +470,7 @@ impl LockBackend for MemoryBackend {
                     remaining_ttl: end.saturating_duration_since(now),
                     waiters,
                     holder: entry.holder.as_deref().map(String::from),
+                    kind: crate::HoldKind::Mutex,
                 }
             }))
     }

@@ -7,6 +7,6 @@ pub(crate) mod lease;
 pub(crate) mod options;
 
 pub use error::{Error, ErrorKind, Result};
-pub use key::LockKey;
+pub use key::{HoldKind, LockKey, Primitive};
 pub use lease::{FencingToken, Lease, LeaseId};
 pub use options::{default_drift_allowance, AcquireOptions, Backoff, LeaseSharing, Renewal, Wait};

@@ -508,6 +508,7 @@ where
             remaining_ttl: Duration::from_millis(u64::try_from(remaining).unwrap_or(0)),
             waiters: None,
             holder,
+            kind: lock_core::HoldKind::Mutex,
         })
     }
 
