@@ -1,6 +1,6 @@
 //! The in-memory reference backend, and [`MemoryLink`] to cut its clients off in tests.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -12,13 +12,15 @@ use crate::backend::{
     Liveness, LockBackend, Ownership, Record, ReleaseFeed, Turn,
 };
 use crate::values::error::{Error, Result};
-use crate::values::key::LockKey;
+use crate::values::key::{HoldKind, LockKey, Primitive};
 use crate::values::lease::{FencingToken, LeaseId};
 
 mod sessions;
+mod slots;
 
 use sessions::ClientSessions;
 pub use sessions::MemoryLink;
+use slots::{announce, feed_name, slot_key, Alive, Entry, News, Slot, Waiter};
 
 /// Locks kept in this process's memory: every capability, for tests, examples and for
 /// coordinating tasks of one process.
@@ -39,6 +41,17 @@ pub use sessions::MemoryLink;
 ///   a client's connection to prove how the core follows sessions. A
 ///   [detached](crate::backend::AcquireRequest::detached) hold (a once ticket) belongs to
 ///   no session and lives by its TTL ([`Capabilities::detached_holds`]).
+///
+/// Semaphores and reader-writer locks ([`Capabilities::shared_holds`]) are kept like the
+/// mutex, in every mode: each name has one slot per primitive, holding its leases (each
+/// with its own kind, token, expiry or session and label, oldest grant first) and its
+/// waiters. On a fair store the waiters are one queue of every kind, granted by rank: a
+/// permit when fewer than its limit hold or queue ahead of it, a read when no writer holds
+/// or queues ahead, a write (as a mutex) when first in line with nobody holding. Otherwise
+/// they are the intents of writers that wait, which keep new readers out until the writer
+/// has had its turn or gives up. Release notifications wake a semaphore's waiters, readers
+/// and writers under names of their own; a release that lets several readers (or permits)
+/// in wakes them one after another, each grant waking the next.
 #[derive(Clone, Debug)]
 pub struct MemoryBackend {
     store: Arc<Store>,
@@ -54,8 +67,10 @@ pub(crate) struct Store {
 
 #[derive(Debug, Default)]
 struct State {
-    locks: HashMap<LockKey, Entry>,
-    queues: HashMap<LockKey, VecDeque<Waiter>>,
+    /// Whether waiters are granted keys in arrival order (through the queue operations).
+    fair: bool,
+    /// Each key's holders and waiters, one slot per name and primitive ([`slot_key`]).
+    slots: HashMap<LockKey, Slot>,
     /// Live sessions and when the store ends each unless kept alive.
     sessions: HashMap<u64, Instant>,
     last_session: u64,
@@ -63,25 +78,6 @@ struct State {
     writes_since_sweep: usize,
     /// Idempotency records and when each is forgotten.
     records: HashMap<LockKey, (Record, Instant)>,
-}
-
-#[derive(Debug)]
-struct Entry {
-    lease_id: LeaseId,
-    token: FencingToken,
-    expires_at: Instant,
-    session: Option<u64>,
-    holder: Option<Arc<str>>,
-}
-
-#[derive(Debug)]
-struct Waiter {
-    lease_id: LeaseId,
-    expires_at: Instant,
-    /// In session mode, the session an automatically renewed waiter's entry lives by, as
-    /// on etcd and ZooKeeper: its own polls do not keep it, the session's keep-alives do.
-    session: Option<u64>,
-    wake: Arc<Notify>,
 }
 
 impl Default for MemoryBackend {
@@ -104,7 +100,10 @@ impl MemoryBackend {
     fn with_fairness(fair: bool) -> Self {
         MemoryBackend {
             store: Arc::new(Store {
-                state: Mutex::new(State::default()),
+                state: Mutex::new(State {
+                    fair,
+                    ..State::default()
+                }),
                 releases: ReleaseFeed::new(),
             }),
             capabilities: Capabilities {
@@ -113,6 +112,7 @@ impl MemoryBackend {
                 durable_fencing: true,
                 reentrancy: true,
                 records: true,
+                shared_holds: true,
                 ..Capabilities::default()
             },
             sessions: None,
@@ -147,37 +147,18 @@ impl MemoryBackend {
         self.sessions.as_ref().map(|sessions| sessions.link())
     }
 
-    /// In session mode, ends the session that keeps `key`'s holder, from the store's side
-    /// and with the holder's link healthy, as a server ends a session it has given up on
-    /// (etcd revoking its lease, ZooKeeper expiring it): every lock of that session is
-    /// free at once, and its client learns of the end at its next keep-alive. `false` when
-    /// no live session holds `key`.
+    /// In session mode, ends the session that keeps `key`'s holder (its oldest, for a
+    /// shared hold), from the store's side and with the holder's link healthy, as a server
+    /// ends a session it has given up on (etcd revoking its lease, ZooKeeper expiring it):
+    /// every lock of that session is free at once, and its client learns of the end at its
+    /// next keep-alive. `false` when no live session holds `key`.
     pub fn end_session_holding(&self, key: &LockKey) -> bool {
-        let freed: Vec<LockKey> = {
-            let mut state = lock(&self.store.state);
-            let now = crate::values::clock::now();
-            let session = match state.locks.get(key) {
-                Some(entry) if state.is_live(entry, now) => entry.session,
-                _ => None,
-            };
-            let Some(session) = session else {
-                return false;
-            };
-            state.sessions.remove(&session);
-            let freed: Vec<LockKey> = state
-                .locks
-                .iter()
-                .filter(|(_, entry)| entry.session == Some(session))
-                .map(|(key, _)| key.clone())
-                .collect();
-            for key in &freed {
-                state.locks.remove(key);
-                state.wake_head(key);
-            }
-            freed
+        let freed = lock(&self.store.state).end_session_holding(key, crate::values::clock::now());
+        let Some(freed) = freed else {
+            return false;
         };
-        for key in &freed {
-            self.store.releases.released(key.as_str());
+        for (key, kind) in &freed {
+            announce(&self.store.releases, key, News::Freed(*kind));
         }
         true
     }
@@ -186,11 +167,14 @@ impl MemoryBackend {
     /// is not fair): what the core's clean-ups leave behind, seen directly.
     pub fn queued(&self, key: &LockKey) -> usize {
         let state = lock(&self.store.state);
-        let now = crate::values::clock::now();
-        state.queues.get(key).map_or(0, |queue| {
-            queue
+        if !state.fair {
+            return 0;
+        }
+        let alive = state.alive(crate::values::clock::now());
+        state.slots.get(&slot_key(key)).map_or(0, |slot| {
+            slot.waiters
                 .iter()
-                .filter(|waiter| live(&state.sessions, waiter.session, waiter.expires_at, now))
+                .filter(|waiter| waiter.lives(alive))
                 .count()
         })
     }
@@ -209,8 +193,22 @@ impl MemoryBackend {
         }
     }
 
+    /// The store's id of the session a waiter of `request` lives by: in session mode, an
+    /// automatically renewed waiter's, as on etcd and ZooKeeper.
+    async fn waiter_session(&self, request: &AcquireRequest) -> Result<Option<u64>> {
+        Ok(match &self.sessions {
+            Some(sessions) if request.renewal() == crate::Renewal::Auto => Some(
+                sessions
+                    .session_for(request, request.store_ttl())
+                    .await?
+                    .store_id,
+            ),
+            _ => None,
+        })
+    }
+
     /// The grant of `request` if the store gives it; `queued` for a waiter of a fair
-    /// queue, which must be first in it.
+    /// queue, which must be ahead of whoever it may not overtake.
     async fn grant(&self, request: &AcquireRequest, queued: bool) -> Result<Option<Grant>> {
         self.reachable()?;
         let expires_at = self.expiry(request.store_ttl())?;
@@ -220,64 +218,40 @@ impl MemoryBackend {
             }
             _ => None,
         };
-        let mut state = lock(&self.store.state);
-        let now = crate::values::clock::now();
-        if let Some(session) = &session {
-            if state
-                .sessions
-                .get(&session.store_id)
-                .is_none_or(|end| now >= *end)
-            {
-                // The client has not heard yet that the store ended the session: tell it,
-                // so the retry of this attempt opens a new one.
-                session.keeper.expired();
-                return Err(Error::unavailable(
-                    "the session ended before the grant; retrying under a new session",
-                ));
-            }
-        }
-        state.sweep(now);
-        let live_holder = state
-            .locks
-            .get(request.key())
-            .filter(|entry| state.is_live(entry, now))
-            .map(|entry| entry.lease_id);
-        let token = match live_holder {
-            Some(holder) if holder != request.lease_id() => return Ok(None),
-            Some(_) => {
-                let entry = state.locks.get_mut(request.key()).ok_or_else(|| {
-                    Error::new(crate::ErrorKind::Internal, "entry vanished under the lock")
-                })?;
-                entry.expires_at = expires_at;
-                entry.token
-            }
-            None => {
-                if self.capabilities.fair_ordering && !state.may_take(request, queued, now) {
-                    return Ok(None);
+        let admitted = {
+            let mut state = lock(&self.store.state);
+            let now = crate::values::clock::now();
+            if let Some(session) = &session {
+                if !state.alive(now).session_lives(session.store_id) {
+                    // The client has not heard yet that the store ended the session: tell
+                    // it, so the retry of this attempt opens a new one.
+                    session.keeper.expired();
+                    return Err(Error::unavailable(
+                        "the session ended before the grant; retrying under a new session",
+                    ));
                 }
-                state.last_token += 1;
-                let token = FencingToken::new(state.last_token);
-                state.locks.insert(
-                    request.key().clone(),
-                    Entry {
-                        lease_id: request.lease_id(),
-                        token,
-                        expires_at,
-                        session: session.as_ref().map(|s| s.store_id),
-                        holder: request.holder_label().map(Arc::from),
-                    },
-                );
-                token
             }
+            state.sweep(now);
+            let stay = Stay {
+                expires_at,
+                session: session.as_ref().map(|s| s.store_id),
+                // A writer's intent lives as a fair waiter's entry would.
+                waiting: session
+                    .as_ref()
+                    .filter(|_| request.renewal() == crate::Renewal::Auto)
+                    .map(|s| s.store_id),
+            };
+            state.admit(request, queued, stay, now)?
         };
-        if queued {
-            // The key is held again: the next waiter's turn comes with the release.
-            if let Some(queue) = state.queues.get_mut(request.key()) {
-                queue.retain(|waiter| waiter.lease_id != request.lease_id());
-                if queue.is_empty() {
-                    state.queues.remove(request.key());
-                }
-            }
+        let Some((token, room_left)) = admitted else {
+            return Ok(None);
+        };
+        if room_left {
+            announce(
+                &self.store.releases,
+                request.key(),
+                News::RoomLeft(request.key().kind()),
+            );
         }
         Ok(Some(match session {
             Some(session) => Grant::in_session(token, session.keeper.session()),
@@ -286,79 +260,284 @@ impl MemoryBackend {
     }
 }
 
-/// Whether an entry (a lease or a waiter) still lives: by its session where it has one,
-/// by its own expiry otherwise.
-fn live(
-    sessions: &HashMap<u64, Instant>,
-    session: Option<u64>,
+/// How long a grant (or a writer's intent) of one attempt lives.
+#[derive(Clone, Copy)]
+struct Stay {
     expires_at: Instant,
-    now: Instant,
-) -> bool {
-    match session {
-        Some(session) => sessions.get(&session).is_some_and(|end| now < *end),
-        None => now < expires_at,
-    }
+    /// The session a grant lives by.
+    session: Option<u64>,
+    /// The session a waiting writer's intent lives by.
+    waiting: Option<u64>,
 }
 
 impl State {
-    fn is_live(&self, entry: &Entry, now: Instant) -> bool {
-        live(&self.sessions, entry.session, entry.expires_at, now)
-    }
-
-    /// Whether a free key may go to `request` in a fair store: to the first live waiter,
-    /// or to anyone when nobody waits. Dead waiters are dropped on the way.
-    fn may_take(&mut self, request: &AcquireRequest, queued: bool, now: Instant) -> bool {
-        self.prune_queue(request.key(), now);
-        match self.queues.get(request.key()).and_then(VecDeque::front) {
-            None => !queued,
-            Some(head) => queued && head.lease_id == request.lease_id(),
+    fn alive(&self, now: Instant) -> Alive<'_> {
+        Alive {
+            sessions: &self.sessions,
+            now,
         }
     }
 
-    /// Drops waiters whose entries expired (their waiter died), waking the new head.
-    fn prune_queue(&mut self, key: &LockKey, now: Instant) {
-        let sessions = &self.sessions;
-        let Some(queue) = self.queues.get_mut(key) else {
-            return;
+    /// The token of `request`'s grant if the rules admit it now, and whether another
+    /// request of its (shared) kind would be admitted after it; `None` when refused.
+    fn admit(
+        &mut self,
+        request: &AcquireRequest,
+        queued: bool,
+        stay: Stay,
+        now: Instant,
+    ) -> Result<Option<(FencingToken, bool)>> {
+        let (fair, key, kind, lease_id) = (
+            self.fair,
+            slot_key(request.key()),
+            request.key().kind(),
+            request.lease_id(),
+        );
+        let alive = Alive {
+            sessions: &self.sessions,
+            now,
         };
-        let head = queue.front().map(|w| w.lease_id);
-        queue.retain(|waiter| live(sessions, waiter.session, waiter.expires_at, now));
-        if queue.is_empty() {
-            self.queues.remove(key);
-        } else if queue.front().map(|w| w.lease_id) != head {
-            self.wake_head(key);
+        let slot = self.slots.entry(key.clone()).or_default();
+        if slot.prune(alive) && fair {
+            slot.wake_turns(alive);
         }
+        slot.check_limit(request.key(), alive)?;
+        let admitted = if let Some(entry) = slot.holder_mut(lease_id, alive) {
+            // A retry whose reply was lost: the same grant, its TTL restarted.
+            entry.expires_at = stay.expires_at;
+            let token = entry.token;
+            slot.remove_waiter(lease_id);
+            Some((token, false))
+        } else if slot.admits(kind, lease_id, alive, fair, queued) {
+            self.last_token += 1;
+            let token = FencingToken::new(self.last_token);
+            // Its queue entry or intent is over: the next waiter's turn comes with the
+            // release.
+            slot.remove_waiter(lease_id);
+            slot.holders.push(Entry {
+                lease_id,
+                kind,
+                token,
+                expires_at: stay.expires_at,
+                session: stay.session,
+                holder: request.holder_label().map(Arc::from),
+            });
+            let room_left = kind.is_shared() && slot.admits(kind, lease_id, alive, fair, false);
+            Some((token, room_left))
+        } else {
+            if !fair && kind == HoldKind::Write && request.waits() {
+                match slot.waiters.iter_mut().find(|w| w.lease_id == lease_id) {
+                    Some(intent) => {
+                        intent.expires_at = stay.expires_at;
+                        intent.session = stay.waiting;
+                    }
+                    None => slot.waiters.push_back(Waiter::new(
+                        lease_id,
+                        kind,
+                        stay.expires_at,
+                        stay.waiting,
+                    )),
+                }
+            }
+            None
+        };
+        if slot.is_empty() {
+            self.slots.remove(&key);
+        }
+        Ok(admitted)
+    }
+
+    /// Removes the lease (or a waiting writer's intent) `lease_id` of `key`: what it held
+    /// and whether it was live, `None` when the store had neither.
+    fn release(&mut self, key: &LockKey, lease_id: LeaseId, now: Instant) -> Option<(News, bool)> {
+        let fair = self.fair;
+        let key = slot_key(key);
+        let alive = Alive {
+            sessions: &self.sessions,
+            now,
+        };
+        let slot = self.slots.get_mut(&key)?;
+        let released = match slot.holders.iter().position(|e| e.lease_id == lease_id) {
+            Some(at) => {
+                let entry = slot.holders.remove(at);
+                Some((News::Freed(entry.kind), entry.lives(alive)))
+            }
+            // Only the intent was there: gone, and the lease was never held.
+            None if !fair && slot.remove_waiter(lease_id) => {
+                Some((News::Freed(HoldKind::Write), false))
+            }
+            None => None,
+        };
+        if released.is_some() && fair {
+            slot.wake_turns(alive);
+        }
+        if slot.is_empty() {
+            self.slots.remove(&key);
+        }
+        released
+    }
+
+    /// Every live holder of `key`, oldest grant first; on a fair store, dead waiters are
+    /// dropped on the way and the queue's length reported.
+    fn holders(&mut self, key: &LockKey, now: Instant) -> Vec<HolderInfo> {
+        let fair = self.fair;
+        let key = slot_key(key);
+        let alive = Alive {
+            sessions: &self.sessions,
+            now,
+        };
+        let Some(slot) = self.slots.get_mut(&key) else {
+            return Vec::new();
+        };
+        if fair && slot.prune(alive) {
+            slot.wake_turns(alive);
+        }
+        let waiters = fair.then_some(slot.waiters.len());
+        let holders = slot
+            .holders
+            .iter()
+            .filter(|entry| entry.lives(alive))
+            .map(|entry| entry.info(alive, waiters))
+            .collect();
+        if slot.is_empty() {
+            self.slots.remove(&key);
+        }
+        holders
+    }
+
+    /// Keeps the queued `lease_id`'s entry alive until `expires_at`, dropping dead waiters
+    /// on the way; `false` when it is not in the queue.
+    fn keep_queued(
+        &mut self,
+        key: &LockKey,
+        lease_id: LeaseId,
+        expires_at: Instant,
+        now: Instant,
+    ) -> bool {
+        let key = slot_key(key);
+        let alive = Alive {
+            sessions: &self.sessions,
+            now,
+        };
+        let Some(slot) = self.slots.get_mut(&key) else {
+            return false;
+        };
+        if slot.prune(alive) {
+            slot.wake_turns(alive);
+        }
+        let own = slot.waiters.iter_mut().find(|w| w.lease_id == lease_id);
+        let queued = own.is_some();
+        if let Some(waiter) = own {
+            waiter.expires_at = expires_at;
+        }
+        if slot.is_empty() {
+            self.slots.remove(&key);
+        }
+        queued
+    }
+
+    /// Puts `request` in its key's queue, or keeps its place there.
+    fn enqueue(
+        &mut self,
+        request: &AcquireRequest,
+        expires_at: Instant,
+        session: Option<u64>,
+        now: Instant,
+    ) -> Result<()> {
+        let alive = Alive {
+            sessions: &self.sessions,
+            now,
+        };
+        let slot = self.slots.entry(slot_key(request.key())).or_default();
+        slot.check_limit(request.key(), alive)?;
+        match slot
+            .waiters
+            .iter_mut()
+            .find(|w| w.lease_id == request.lease_id())
+        {
+            Some(waiter) => waiter.expires_at = expires_at,
+            None => slot.waiters.push_back(Waiter::new(
+                request.lease_id(),
+                request.key().kind(),
+                expires_at,
+                session,
+            )),
+        }
+        Ok(())
+    }
+
+    fn leave_queue(&mut self, key: &LockKey, lease_id: LeaseId, now: Instant) {
+        let key = slot_key(key);
+        let alive = Alive {
+            sessions: &self.sessions,
+            now,
+        };
+        if let Some(slot) = self.slots.get_mut(&key) {
+            if slot.remove_waiter(lease_id) && self.fair {
+                slot.wake_turns(alive);
+            }
+            if slot.is_empty() {
+                self.slots.remove(&key);
+            }
+        }
+    }
+
+    /// Ends the session of `key`'s oldest live holder bound to one, freeing every hold of
+    /// that session: the holds freed, `None` when no live session holds `key`.
+    fn end_session_holding(
+        &mut self,
+        key: &LockKey,
+        now: Instant,
+    ) -> Option<Vec<(LockKey, HoldKind)>> {
+        let alive = self.alive(now);
+        let session = self.slots.get(&slot_key(key)).and_then(|slot| {
+            slot.holders
+                .iter()
+                .filter(|entry| entry.lives(alive))
+                .find_map(|entry| entry.session)
+        })?;
+        self.sessions.remove(&session);
+        let alive = Alive {
+            sessions: &self.sessions,
+            now,
+        };
+        let mut freed = Vec::new();
+        for (key, slot) in &mut self.slots {
+            let before = freed.len();
+            freed.extend(
+                slot.holders
+                    .iter()
+                    .filter(|entry| entry.session == Some(session))
+                    .map(|entry| (key.clone(), entry.kind)),
+            );
+            // Its holds and waiters die with the session.
+            let waiter_left = slot.prune(alive);
+            if self.fair && (waiter_left || freed.len() > before) {
+                slot.wake_turns(alive);
+            }
+        }
+        self.slots.retain(|_, slot| !slot.is_empty());
+        Some(freed)
     }
 
     /// Drops expired entries and sessions now and then, so crashed holders do not
     /// accumulate.
     fn sweep(&mut self, now: Instant) {
         self.writes_since_sweep += 1;
-        if self.writes_since_sweep >= 1024.max(self.locks.len()) {
+        if self.writes_since_sweep >= 1024.max(self.slots.len()) {
             self.writes_since_sweep = 0;
             self.sessions.retain(|_, end| now < *end);
-            let sessions = &self.sessions;
-            self.locks
-                .retain(|_, entry| live(sessions, entry.session, entry.expires_at, now));
-            self.records.retain(|_, (_, until)| now < *until);
-        }
-    }
-
-    fn wake_head(&self, key: &LockKey) {
-        if let Some(head) = self.queues.get(key).and_then(|queue| queue.front()) {
-            head.wake.notify_one();
-        }
-    }
-
-    fn leave_queue(&mut self, key: &LockKey, lease_id: LeaseId) {
-        if let Some(queue) = self.queues.get_mut(key) {
-            let was_head = queue.front().is_some_and(|w| w.lease_id == lease_id);
-            queue.retain(|waiter| waiter.lease_id != lease_id);
-            if queue.is_empty() {
-                self.queues.remove(key);
-            } else if was_head {
-                self.wake_head(key);
+            let alive = Alive {
+                sessions: &self.sessions,
+                now,
+            };
+            for slot in self.slots.values_mut() {
+                if slot.prune(alive) && self.fair {
+                    slot.wake_turns(alive);
+                }
             }
+            self.slots.retain(|_, slot| !slot.is_empty());
+            self.records.retain(|_, (_, until)| now < *until);
         }
     }
 
@@ -407,17 +586,23 @@ impl LockBackend for MemoryBackend {
         self.reachable()?;
         let expires_at = self.expiry(ttl)?;
         let now = crate::values::clock::now();
-        let mut state = lock(&self.store.state);
-        let session = match state.locks.get(key) {
-            Some(entry) if entry.lease_id == lease_id && state.is_live(entry, now) => entry.session,
-            _ => return Ok(Ownership::NotHeld),
+        let mut guard = lock(&self.store.state);
+        let state = &mut *guard;
+        let alive = Alive {
+            sessions: &state.sessions,
+            now,
         };
-        match session {
+        let Some(entry) = state
+            .slots
+            .get_mut(&slot_key(key))
+            .and_then(|slot| slot.holder_mut(lease_id, alive))
+        else {
+            return Ok(Ownership::NotHeld);
+        };
+        match entry.session {
             Some(session) => Ok(Ownership::held_if(state.keep_alive(session, ttl))),
             None => {
-                if let Some(entry) = state.locks.get_mut(key) {
-                    entry.expires_at = expires_at;
-                }
+                entry.expires_at = expires_at;
                 Ok(Ownership::Held)
             }
         }
@@ -425,64 +610,31 @@ impl LockBackend for MemoryBackend {
 
     async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<Ownership> {
         self.reachable()?;
-        let now = crate::values::clock::now();
-        let live = {
-            let mut state = lock(&self.store.state);
-            let Some(entry) = state
-                .locks
-                .get(key)
-                .filter(|entry| entry.lease_id == lease_id)
-            else {
-                return Ok(Ownership::NotHeld);
-            };
-            let live = state.is_live(entry, now);
-            state.locks.remove(key);
-            state.wake_head(key);
-            live
+        let released = lock(&self.store.state).release(key, lease_id, crate::values::clock::now());
+        let Some((news, live)) = released else {
+            return Ok(Ownership::NotHeld);
         };
-        self.store.releases.released(key.as_str());
+        announce(&self.store.releases, key, news);
         Ok(Ownership::held_if(live))
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
-        self.reachable()?;
-        let now = crate::values::clock::now();
-        let mut state = lock(&self.store.state);
-        if self.capabilities.fair_ordering {
-            state.prune_queue(key, now);
-        }
-        let waiters = self
-            .capabilities
-            .fair_ordering
-            .then(|| state.queues.get(key).map_or(0, VecDeque::len));
-        Ok(state
-            .locks
-            .get(key)
-            .filter(|entry| state.is_live(entry, now))
-            .map(|entry| {
-                let end = match entry.session {
-                    Some(session) => state.sessions.get(&session).copied().unwrap_or(now),
-                    None => entry.expires_at,
-                };
-                HolderInfo {
-                    lease_id: entry.lease_id,
-                    token: entry.token,
-                    remaining_ttl: end.saturating_duration_since(now),
-                    waiters,
-                    holder: entry.holder.as_deref().map(String::from),
-                    kind: crate::HoldKind::Mutex,
-                }
-            }))
+        Ok(self.holders(key).await?.into_iter().next())
     }
 
-    /// Held or expired leases and queued waiters, whatever their state.
+    async fn holders(&self, key: &LockKey) -> Result<Vec<HolderInfo>> {
+        self.reachable()?;
+        Ok(lock(&self.store.state).holders(key, crate::values::clock::now()))
+    }
+
+    /// Held or expired leases, queued waiters and waiting writers' intents, whatever their
+    /// state, of every primitive.
     async fn stored_keys(&self, prefix: &str) -> Result<Vec<String>> {
         self.reachable()?;
         let state = lock(&self.store.state);
         let mut keys: Vec<String> = state
-            .locks
+            .slots
             .keys()
-            .chain(state.queues.keys())
             .map(LockKey::as_str)
             .filter(|key| key.starts_with(prefix))
             .map(String::from)
@@ -492,13 +644,15 @@ impl LockBackend for MemoryBackend {
         Ok(keys)
     }
 
+    /// Mutexes only: the core never asks it of the other primitives.
     async fn list_held(&self, prefix: &str, limit: usize) -> Result<Vec<(LockKey, HolderInfo)>> {
         let mut keys: Vec<LockKey> = {
             self.reachable()?;
             let state = lock(&self.store.state);
             state
-                .locks
+                .slots
                 .keys()
+                .filter(|key| key.primitive() == Primitive::Mutex)
                 .filter(|key| key.as_str().starts_with(prefix))
                 .cloned()
                 .collect()
@@ -519,7 +673,7 @@ impl LockBackend for MemoryBackend {
 
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {
         self.reachable()?;
-        Ok(Some(self.store.releases.watch(key.as_str())))
+        Ok(Some(self.store.releases.watch(feed_name(key, key.kind()))))
     }
 
     async fn enqueue(&self, request: &AcquireRequest) -> Result<()> {
@@ -528,38 +682,17 @@ impl LockBackend for MemoryBackend {
             return Err(crate::backend::no_queue(self.name()));
         }
         let expires_at = self.expiry(request.store_ttl())?;
-        let session = match &self.sessions {
-            Some(sessions) if request.renewal() == crate::Renewal::Auto => Some(
-                sessions
-                    .session_for(request, request.store_ttl())
-                    .await?
-                    .store_id,
-            ),
-            _ => None,
-        };
+        let session = self.waiter_session(request).await?;
         let mut state = lock(&self.store.state);
+        let now = crate::values::clock::now();
         if let Some(session) = session {
-            if state
-                .sessions
-                .get(&session)
-                .is_none_or(|end| crate::values::clock::now() >= *end)
-            {
+            if !state.alive(now).session_lives(session) {
                 return Err(Error::unavailable(
                     "the session ended before the enqueue; retrying under a new session",
                 ));
             }
         }
-        let queue = state.queues.entry(request.key().clone()).or_default();
-        match queue.iter_mut().find(|w| w.lease_id == request.lease_id()) {
-            Some(waiter) => waiter.expires_at = expires_at,
-            None => queue.push_back(Waiter {
-                lease_id: request.lease_id(),
-                expires_at,
-                session,
-                wake: Arc::new(Notify::new()),
-            }),
-        }
-        Ok(())
+        state.enqueue(request, expires_at, session, now)
     }
 
     async fn try_acquire_queued(&self, request: &AcquireRequest) -> Result<Turn> {
@@ -567,19 +700,16 @@ impl LockBackend for MemoryBackend {
         if !self.capabilities.fair_ordering {
             return Err(crate::backend::no_queue(self.name()));
         }
-        {
-            let expires_at = self.expiry(request.ttl())?;
-            let mut state = lock(&self.store.state);
-            state.prune_queue(request.key(), crate::values::clock::now());
-            let own = state
-                .queues
-                .get_mut(request.key())
-                .and_then(|queue| queue.iter_mut().find(|w| w.lease_id == request.lease_id()));
-            match own {
-                // A live waiter's poll keeps its entry alive.
-                Some(waiter) => waiter.expires_at = expires_at,
-                None => return Ok(Turn::NotQueued),
-            }
+        let expires_at = self.expiry(request.ttl())?;
+        // A live waiter's poll keeps its entry alive.
+        let queued = lock(&self.store.state).keep_queued(
+            request.key(),
+            request.lease_id(),
+            expires_at,
+            crate::values::clock::now(),
+        );
+        if !queued {
+            return Ok(Turn::NotQueued);
         }
         Ok(match self.grant(request, true).await? {
             Some(grant) => Turn::Granted(grant),
@@ -589,7 +719,7 @@ impl LockBackend for MemoryBackend {
 
     async fn leave_queue(&self, key: &LockKey, lease_id: LeaseId) -> Result<()> {
         self.reachable()?;
-        lock(&self.store.state).leave_queue(key, lease_id);
+        lock(&self.store.state).leave_queue(key, lease_id, crate::values::clock::now());
         Ok(())
     }
 
@@ -597,9 +727,13 @@ impl LockBackend for MemoryBackend {
         self.reachable()?;
         let state = lock(&self.store.state);
         let wake = state
-            .queues
-            .get(request.key())
-            .and_then(|queue| queue.iter().find(|w| w.lease_id == request.lease_id()))
+            .slots
+            .get(&slot_key(request.key()))
+            .and_then(|slot| {
+                slot.waiters
+                    .iter()
+                    .find(|w| w.lease_id == request.lease_id())
+            })
             .map(|waiter| Arc::clone(&waiter.wake));
         Ok(wake.map(|wake| Box::new(TurnWatch(wake)) as Box<dyn KeyWatch>))
     }
@@ -632,10 +766,12 @@ impl LockBackend for MemoryBackend {
             .ok_or_else(|| Error::invalid(format!("retention {retention:?} is too large")))?;
         let now = crate::values::clock::now();
         let mut state = lock(&self.store.state);
-        let holds = state
-            .locks
-            .get(key)
-            .is_some_and(|entry| entry.lease_id == lease_id && state.is_live(entry, now));
+        let alive = state.alive(now);
+        let holds = state.slots.get(key).is_some_and(|slot| {
+            slot.holders
+                .iter()
+                .any(|entry| entry.lease_id == lease_id && entry.lives(alive))
+        });
         if holds {
             state.records.insert(key.clone(), (record.clone(), until));
         }
@@ -643,7 +779,7 @@ impl LockBackend for MemoryBackend {
     }
 }
 
-/// A fair waiter's wake-ups: the store notifies the head of the queue only.
+/// A fair waiter's wake-ups: the store notifies only the waiters it would admit now.
 struct TurnWatch(Arc<Notify>);
 
 #[async_trait]
