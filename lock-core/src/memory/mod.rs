@@ -260,6 +260,9 @@ impl MemoryBackend {
     }
 }
 
+#[cfg(test)]
+mod tests;
+
 /// How long a grant (or a writer's intent) of one attempt lives.
 #[derive(Clone, Copy)]
 struct Stay {
