@@ -20,6 +20,7 @@ pub mod processes;
 pub mod recovery;
 pub mod renewal;
 pub mod sessions;
+pub mod sets;
 pub mod shared;
 pub mod waiting;
 
@@ -313,4 +314,8 @@ scenarios! {
     shared::cancelled_shared_acquisitions_leave_nothing => SharedHolds,
     shared::owner_downgrades_but_never_upgrades => SharedHolds & Reentrancy,
     shared::shared_holds_are_refused_cleanly => NoSharedHolds,
+    sets::lock_set_is_all_or_none => Nothing,
+    sets::lock_sets_in_opposite_orders_do_not_deadlock => Nothing,
+    sets::cancelled_lock_set_leaves_nothing => Nothing,
+    sets::lost_member_fires_the_sets_lost => LeaseTtl,
 }
