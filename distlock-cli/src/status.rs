@@ -57,7 +57,7 @@ async fn holders(client: &LockClient, args: &StatusArgs, store_url: &str) -> Res
             .map_err(|err| Failure::from_store_error(&err, store_url))?;
         all_held &= !holders.is_empty();
         if args.json {
-            let holders: Vec<_> = holders.iter().map(|status| holder_json(status)).collect();
+            let holders: Vec<_> = holders.iter().map(holder_json).collect();
             objects.push(json!({
                 "key": key,
                 "kind": primitive.name(),
