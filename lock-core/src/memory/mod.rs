@@ -52,6 +52,10 @@ use slots::{announce, feed_name, slot_key, Alive, Entry, News, Slot, Waiter};
 /// has had its turn or gives up. Release notifications wake a semaphore's waiters, readers
 /// and writers under names of their own; a release that lets several readers (or permits)
 /// in wakes them one after another, each grant waking the next.
+///
+/// A store without a queue takes a lock set in one step under its one lock
+/// ([`Capabilities::atomic_sets`]); a fair store takes it key by key, through its queues,
+/// which a set waiting by attempts would overtake.
 #[derive(Clone, Debug)]
 pub struct MemoryBackend {
     store: Arc<Store>,
@@ -113,6 +117,8 @@ impl MemoryBackend {
                 reentrancy: true,
                 records: true,
                 shared_holds: true,
+                // A set waiting by attempts would overtake a fair store's queues.
+                atomic_sets: !fair,
                 ..Capabilities::default()
             },
             sessions: None,
@@ -207,21 +213,36 @@ impl MemoryBackend {
         })
     }
 
-    /// The grant of `request` if the store gives it; `queued` for a waiter of a fair
-    /// queue, which must be ahead of whoever it may not overtake.
-    async fn grant(&self, request: &AcquireRequest, queued: bool) -> Result<Option<Grant>> {
+    /// The grants of `requests`, all or none, if the store gives them (one request but
+    /// for a lock set); `queued` for a waiter of a fair queue, which must be ahead of
+    /// whoever it may not overtake.
+    async fn grant(&self, requests: &[AcquireRequest], queued: bool) -> Result<Option<Vec<Grant>>> {
         self.reachable()?;
-        let expires_at = self.expiry(request.store_ttl())?;
-        let session = match &self.sessions {
-            Some(sessions) if !request.is_detached() => {
-                Some(sessions.session_for(request, request.store_ttl()).await?)
-            }
-            _ => None,
-        };
+        let mut sessions = Vec::with_capacity(requests.len());
+        let mut stays = Vec::with_capacity(requests.len());
+        for request in requests {
+            let expires_at = self.expiry(request.store_ttl())?;
+            let session = match &self.sessions {
+                Some(sessions) if !request.is_detached() => {
+                    Some(sessions.session_for(request, request.store_ttl()).await?)
+                }
+                _ => None,
+            };
+            stays.push(Stay {
+                expires_at,
+                session: session.as_ref().map(|s| s.store_id),
+                // A writer's intent lives as a fair waiter's entry would.
+                waiting: session
+                    .as_ref()
+                    .filter(|_| request.renewal() == crate::Renewal::Auto)
+                    .map(|s| s.store_id),
+            });
+            sessions.push(session);
+        }
         let admitted = {
             let mut state = lock(&self.store.state);
             let now = crate::values::clock::now();
-            if let Some(session) = &session {
+            for session in sessions.iter().flatten() {
                 if !state.alive(now).session_lives(session.store_id) {
                     // The client has not heard yet that the store ended the session: tell
                     // it, so the retry of this attempt opens a new one.
@@ -232,31 +253,27 @@ impl MemoryBackend {
                 }
             }
             state.sweep(now);
-            let stay = Stay {
-                expires_at,
-                session: session.as_ref().map(|s| s.store_id),
-                // A writer's intent lives as a fair waiter's entry would.
-                waiting: session
-                    .as_ref()
-                    .filter(|_| request.renewal() == crate::Renewal::Auto)
-                    .map(|s| s.store_id),
-            };
-            state.admit(request, queued, stay, now)?
+            state.admit(requests, &stays, queued, now)?
         };
-        let Some((token, room_left)) = admitted else {
+        let Some(admitted) = admitted else {
             return Ok(None);
         };
-        if room_left {
-            announce(
-                &self.store.releases,
-                request.key(),
-                News::RoomLeft(request.key().kind()),
-            );
+        let mut grants = Vec::with_capacity(requests.len());
+        for ((request, (token, room_left)), session) in requests.iter().zip(admitted).zip(sessions)
+        {
+            if room_left {
+                announce(
+                    &self.store.releases,
+                    request.key(),
+                    News::RoomLeft(request.key().kind()),
+                );
+            }
+            grants.push(match session {
+                Some(session) => Grant::in_session(token, session.keeper.session()),
+                None => Grant::new(token),
+            });
         }
-        Ok(Some(match session {
-            Some(session) => Grant::in_session(token, session.keeper.session()),
-            None => Grant::new(token),
-        }))
+        Ok(Some(grants))
     }
 }
 
@@ -281,73 +298,120 @@ impl State {
         }
     }
 
-    /// The token of `request`'s grant if the rules admit it now, and whether another
-    /// request of its (shared) kind would be admitted after it; `None` when refused.
+    /// The token of each request's grant if the rules admit every one of them now, and
+    /// whether another request of its (shared) kind would be admitted after it; `None`,
+    /// changing nothing, when any is refused (but the intent a single waiting writer
+    /// leaves).
     fn admit(
         &mut self,
-        request: &AcquireRequest,
+        requests: &[AcquireRequest],
+        stays: &[Stay],
         queued: bool,
-        stay: Stay,
         now: Instant,
-    ) -> Result<Option<(FencingToken, bool)>> {
-        let (fair, key, kind, lease_id) = (
-            self.fair,
-            slot_key(request.key()),
-            request.key().kind(),
-            request.lease_id(),
-        );
+    ) -> Result<Option<Vec<(FencingToken, bool)>>> {
+        let fair = self.fair;
         let alive = Alive {
             sessions: &self.sessions,
             now,
         };
-        let slot = self.slots.entry(key.clone()).or_default();
-        if slot.prune(alive) && fair {
-            slot.wake_turns(alive);
-        }
-        slot.check_limit(request.key(), alive)?;
-        let admitted = if let Some(entry) = slot.holder_mut(lease_id, alive) {
-            // A retry whose reply was lost: the same grant, its TTL restarted.
-            entry.expires_at = stay.expires_at;
-            let token = entry.token;
-            slot.remove_waiter(lease_id);
-            Some((token, false))
-        } else if slot.admits(kind, lease_id, alive, fair, queued) {
-            self.last_token += 1;
-            let token = FencingToken::new(self.last_token);
-            // Its queue entry or intent is over: the next waiter's turn comes with the
-            // release.
-            slot.remove_waiter(lease_id);
-            slot.holders.push(Entry {
-                lease_id,
-                kind,
-                token,
-                expires_at: stay.expires_at,
-                session: stay.session,
-                holder: request.holder_label().map(Arc::from),
-            });
-            let room_left = kind.is_shared() && slot.admits(kind, lease_id, alive, fair, false);
-            Some((token, room_left))
-        } else {
-            if !fair && kind == HoldKind::Write && request.waits() {
-                match slot.waiters.iter_mut().find(|w| w.lease_id == lease_id) {
-                    Some(intent) => {
-                        intent.expires_at = stay.expires_at;
-                        intent.session = stay.waiting;
-                    }
-                    None => slot.waiters.push_back(Waiter::new(
-                        lease_id,
-                        kind,
-                        stay.expires_at,
-                        stay.waiting,
-                    )),
-                }
+        let keys: Vec<LockKey> = requests.iter().map(|r| slot_key(r.key())).collect();
+        let mut admitted = true;
+        for (at, (request, key)) in requests.iter().zip(&keys).enumerate() {
+            if keys[..at].contains(key) {
+                return Err(Error::invalid(format!(
+                    "a set names {:?} twice",
+                    request.key()
+                )));
             }
-            None
-        };
-        if slot.is_empty() {
-            self.slots.remove(&key);
+            let slot = self.slots.entry(key.clone()).or_default();
+            if slot.prune(alive) && fair {
+                slot.wake_turns(alive);
+            }
+            let checked = slot.check_limit(request.key(), alive);
+            let lease_id = request.lease_id();
+            admitted = admitted
+                && checked.is_ok()
+                && (slot.holder_mut(lease_id, alive).is_some()
+                    || slot.admits(request.key().kind(), lease_id, alive, fair, queued));
+            if slot.is_empty() {
+                self.slots.remove(key);
+            }
+            checked?;
         }
-        Ok(admitted)
+        let granted = match (admitted, requests, stays) {
+            (true, _, _) => {
+                let mut granted = Vec::with_capacity(requests.len());
+                for ((request, stay), key) in requests.iter().zip(stays).zip(&keys) {
+                    let slot = self.slots.entry(key.clone()).or_default();
+                    granted.push(Self::take(
+                        &mut self.last_token,
+                        slot,
+                        request,
+                        *stay,
+                        alive,
+                        fair,
+                    ));
+                }
+                Some(granted)
+            }
+            (false, [request], [stay]) => {
+                if !fair && request.key().kind() == HoldKind::Write && request.waits() {
+                    let slot = self.slots.entry(keys[0].clone()).or_default();
+                    match slot
+                        .waiters
+                        .iter_mut()
+                        .find(|w| w.lease_id == request.lease_id())
+                    {
+                        Some(intent) => {
+                            intent.expires_at = stay.expires_at;
+                            intent.session = stay.waiting;
+                        }
+                        None => slot.waiters.push_back(Waiter::new(
+                            request.lease_id(),
+                            HoldKind::Write,
+                            stay.expires_at,
+                            stay.waiting,
+                        )),
+                    }
+                }
+                None
+            }
+            (false, _, _) => None,
+        };
+        Ok(granted)
+    }
+
+    /// Gives `slot`'s key to `request`, which the rules admit: the same grant again to a
+    /// retry of a holder (its TTL restarted), a new token otherwise; and whether another
+    /// request of its shared kind would be admitted after it.
+    fn take(
+        last_token: &mut u64,
+        slot: &mut Slot,
+        request: &AcquireRequest,
+        stay: Stay,
+        alive: Alive<'_>,
+        fair: bool,
+    ) -> (FencingToken, bool) {
+        let (kind, lease_id) = (request.key().kind(), request.lease_id());
+        // Its queue entry or intent is over: the next waiter's turn comes with the
+        // release.
+        slot.remove_waiter(lease_id);
+        if let Some(entry) = slot.holder_mut(lease_id, alive) {
+            entry.expires_at = stay.expires_at;
+            return (entry.token, false);
+        }
+        *last_token += 1;
+        let token = FencingToken::new(*last_token);
+        slot.holders.push(Entry {
+            lease_id,
+            kind,
+            token,
+            expires_at: stay.expires_at,
+            session: stay.session,
+            holder: request.holder_label().map(Arc::from),
+        });
+        let room_left = kind.is_shared() && slot.admits(kind, lease_id, alive, fair, false);
+        (token, room_left)
     }
 
     /// Removes the lease (or a waiting writer's intent) `lease_id` of `key`: what it held
@@ -582,7 +646,13 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
-        self.grant(request, false).await
+        let granted = self.grant(std::slice::from_ref(request), false).await?;
+        Ok(granted.and_then(|grants| grants.into_iter().next()))
+    }
+
+    /// Every key's slot is looked at under the store's one lock before any is taken.
+    async fn try_acquire_all(&self, requests: &[AcquireRequest]) -> Result<Option<Vec<Grant>>> {
+        self.grant(requests, false).await
     }
 
     async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<Ownership> {
@@ -714,7 +784,8 @@ impl LockBackend for MemoryBackend {
         if !queued {
             return Ok(Turn::NotQueued);
         }
-        Ok(match self.grant(request, true).await? {
+        let granted = self.grant(std::slice::from_ref(request), true).await?;
+        Ok(match granted.and_then(|grants| grants.into_iter().next()) {
             Some(grant) => Turn::Granted(grant),
             None => Turn::Waiting,
         })

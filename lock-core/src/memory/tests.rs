@@ -623,3 +623,51 @@ async fn an_ended_session_frees_its_shared_holds() {
         until(mode, || lock(&store.store.state).slots.is_empty()).await;
     }
 }
+
+/// A set is taken in one step on a store without a queue: every key or none, a refused
+/// set changing nothing, a retry answering the same grants.
+#[tokio::test]
+async fn a_set_is_taken_whole_or_not_at_all() {
+    for (mode, store) in [
+        ("plain", MemoryBackend::new()),
+        ("plain sessions", MemoryBackend::new().with_sessions()),
+    ] {
+        assert!(store.capabilities().atomic_sets, "{mode}");
+        let requests: Vec<AcquireRequest> = ["a", "b", "c"]
+            .into_iter()
+            .map(|name| {
+                let key = key(name, HoldKind::Mutex);
+                AcquireRequest::new(key, Duration::from_secs(30), Duration::ZERO, Renewal::Auto)
+                    .waiting(true)
+            })
+            .collect();
+        let blocker = client(&store);
+        let held = blocker.lock("b").await.unwrap();
+        assert!(store.try_acquire_all(&requests).await.unwrap().is_none());
+        assert_eq!(
+            stored(&store).await,
+            ["b"],
+            "{mode}: the refused set left nothing"
+        );
+        held.release().await.unwrap();
+        let tokens = |grants: Vec<crate::backend::Grant>| -> Vec<FencingToken> {
+            grants.iter().map(crate::backend::Grant::token).collect()
+        };
+        let granted = tokens(store.try_acquire_all(&requests).await.unwrap().unwrap());
+        assert!(
+            granted.windows(2).all(|w| w[0] < w[1]),
+            "{mode}: {granted:?}"
+        );
+        let again = tokens(store.try_acquire_all(&requests).await.unwrap().unwrap());
+        assert_eq!(again, granted, "{mode}: a retry answers the same grants");
+        let twice = [requests[0].clone(), requests[0].clone()];
+        let refused = store.try_acquire_all(&twice).await.unwrap_err();
+        assert_eq!(refused.kind(), ErrorKind::InvalidInput, "{mode}");
+        for request in &requests {
+            let released = store.release(request.key(), request.lease_id()).await;
+            assert!(released.unwrap().is_held(), "{mode}");
+        }
+        assert!(stored(&store).await.is_empty(), "{mode}");
+    }
+    assert!(!MemoryBackend::fair().capabilities().atomic_sets);
+}
