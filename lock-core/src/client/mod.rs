@@ -154,9 +154,10 @@ impl LockClient {
     /// let another = client.read_lock("catalog").await?;
     /// assert!(client.write_lock("catalog").no_wait().await.is_err());
     /// reader.release().await?;
+    /// let last_read = another.token();
     /// another.release().await?;
     /// let writer = client.write_lock("catalog").no_wait().await?;
-    /// assert!(writer.token() > another.token());
+    /// assert!(writer.token() > last_read);
     /// writer.release().await?;
     /// # Ok(())
     /// # }
