@@ -119,9 +119,10 @@ pub(crate) enum Rank {
 ///   `limit` nearest nodes ahead, one of which is gone whenever enough nodes ahead are
 ///   (fewer than `limit` watched would miss a release among the others).
 ///
-/// A permit node ahead with another limit makes the permit [`ErrorKind::InvalidInput`],
-/// naming both limits: the semaphore's limit is its oldest nodes', and a node that
-/// disagrees with one ahead is the one refused.
+/// A permit whose limit is not the oldest node's makes the request
+/// [`ErrorKind::InvalidInput`], naming both limits: the semaphore's limit is its oldest
+/// node's (so it changes once the semaphore is empty), and only the node that disagrees
+/// with it is refused, not those behind a disagreeing node.
 pub(crate) fn rank(key: &LockKey, kind: HoldKind, queue: &[Contender], at: usize) -> Result<Rank> {
     let ahead = &queue[..at];
     let name = |at: usize| queue[at].name.clone();
@@ -142,9 +143,9 @@ pub(crate) fn rank(key: &LockKey, kind: HoldKind, queue: &[Contender], at: usize
         },
         HoldKind::Permit { limit } => {
             if let Some(theirs) = ahead
-                .iter()
-                .filter_map(|node| permit_limit(&node.name))
-                .find(|&theirs| theirs != limit)
+                .first()
+                .and_then(|oldest| permit_limit(&oldest.name))
+                .filter(|&theirs| theirs != limit)
             {
                 return Err(Error::new(
                     ErrorKind::InvalidInput,
@@ -339,9 +340,11 @@ mod tests {
         let err = rank(&k, HoldKind::Permit { limit: 5 }, &q, 3).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidInput);
         assert!(err.to_string().contains('2') && err.to_string().contains('5'));
-        // The disagreeing node behind holds nothing and stops nobody ahead of it.
-        let q = queue(&["_c_a-permit-2-", "_c_b-permit-5-"]);
+        // The disagreeing node behind holds nothing and stops nobody ahead of it; one
+        // behind it that agrees with the oldest is not refused for it.
+        let q = queue(&["_c_a-permit-2-", "_c_b-permit-5-", "_c_c-permit-2-"]);
         assert_eq!(rank(&k, two, &q, 0).unwrap(), Rank::Turn);
         assert!(!holds(&k, Primitive::Semaphore, &q, 1));
+        assert!(rank(&k, two, &q, 2).is_ok());
     }
 }
