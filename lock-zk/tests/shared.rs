@@ -10,8 +10,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lock_core::backend::{default_drift_allowance, AcquireRequest, LockBackendExt};
 use lock_core::{
-    AcquireOptions, Backoff, ErrorKind, HoldKind, LockClient, LockGuard, Primitive, Result, Wait,
+    AcquireOptions, Backoff, ErrorKind, HoldKind, LockClient, LockGuard, LockKey, Primitive,
+    Renewal, Result, Wait,
 };
 use tokio::task::JoinHandle;
 
@@ -329,4 +331,33 @@ async fn concurrent_acquirers_never_exceed_the_limit() {
     assert_eq!(tokens.len(), count, "a token was granted twice");
     let backend = connect(&zk_url(&[server.addr()], "")).await;
     assert!(backend.stored_keys(&key).await.unwrap().is_empty());
+}
+
+/// A retried acquisition of a lease that already holds (its reply was lost) answers the
+/// same grant, the same token, for each kind; a later grant's token is greater.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_grant_answers_the_same_token() {
+    let server = start_zookeeper().await;
+    let backend = connect(&zk_url(&[server.addr()], "")).await;
+    let ttl = Duration::from_secs(10);
+    let name = LockKey::new(key("retry")).unwrap();
+    let mut last = None;
+    for kind in [
+        HoldKind::Permit { limit: 2 },
+        HoldKind::Write,
+        HoldKind::Read,
+    ] {
+        let request = AcquireRequest::new(
+            name.held_as(kind).unwrap(),
+            ttl,
+            default_drift_allowance(ttl),
+            Renewal::Auto,
+        );
+        let first = backend.acquire_once(&request, ttl).await.unwrap();
+        let again = backend.acquire_once(&request, ttl).await.unwrap();
+        assert_eq!(first.token(), again.token(), "{kind:?}");
+        assert!(last.is_none_or(|last| first.token() > last), "{kind:?}");
+        last = Some(first.token());
+        backend.release_lease(&again, ttl).await.unwrap();
+    }
 }
