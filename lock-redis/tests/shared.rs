@@ -477,7 +477,10 @@ async fn abandoned_holds_leave_only_counters() {
     }
     let writer = request(&held_as(&name, HoldKind::Write), ttl).waiting(true);
     assert!(backend.try_acquire(&writer).await.unwrap().is_none());
-    assert_eq!(backend.stored_keys(&name).await.unwrap(), [name.clone()]);
+    assert_eq!(
+        backend.stored_keys(&name).await.unwrap(),
+        vec![name.clone()]
+    );
     let before = server_keys(server.addr()).await;
     assert!(before.iter().any(|k| k.ends_with(":intents")), "{before:?}");
     eventually(SOON, "the server dropping every expired key", || async {
