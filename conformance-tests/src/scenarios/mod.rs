@@ -20,6 +20,7 @@ pub mod processes;
 pub mod recovery;
 pub mod renewal;
 pub mod sessions;
+pub mod sets;
 pub mod shared;
 pub mod waiting;
 
@@ -121,6 +122,8 @@ pub enum Needs {
     SharedHolds,
     /// No [`Capabilities::shared_holds`]: the refusal is what is checked.
     NoSharedHolds,
+    /// [`Capabilities::atomic_sets`]: lock sets taken in one store step.
+    AtomicSets,
 }
 
 impl Needs {
@@ -178,6 +181,9 @@ impl Needs {
             }
             Needs::NoSharedHolds if caps.shared_holds => {
                 Err("the store keeps semaphores and reader-writer locks")
+            }
+            Needs::AtomicSets if !caps.atomic_sets => {
+                Err("the store takes a lock set one key at a time")
             }
             Needs::Records if !caps.records => Err("the store keeps no idempotency records"),
             Needs::NoRecords if caps.records => {
@@ -313,4 +319,9 @@ scenarios! {
     shared::cancelled_shared_acquisitions_leave_nothing => SharedHolds,
     shared::owner_downgrades_but_never_upgrades => SharedHolds & Reentrancy,
     shared::shared_holds_are_refused_cleanly => NoSharedHolds,
+    sets::lock_set_is_all_or_none => Nothing,
+    sets::lock_sets_in_opposite_orders_do_not_deadlock => Nothing,
+    sets::cancelled_lock_set_leaves_nothing => Nothing,
+    sets::lost_member_fires_the_sets_lost => LeaseTtl,
+    sets::atomic_lock_set_waits_holding_nothing => AtomicSets,
 }
