@@ -388,9 +388,10 @@ async fn a_writers_release_lets_every_waiting_reader_in() {
     for (mode, store) in modes() {
         let holder = client(&store);
         let writer = holder.write_lock("doc").await.unwrap();
-        // Polls come half a minute apart at the soonest: only wake-ups let the readers in
-        // in time.
+        // Polls come half a minute apart at the soonest (a fair waiter polls at least
+        // three times a TTL): only wake-ups let the readers in in time.
         let slow = crate::AcquireOptions {
+            ttl: Duration::from_secs(600),
             backoff: crate::Backoff {
                 initial: Duration::from_secs(60),
                 max: Duration::from_secs(60),
