@@ -173,13 +173,13 @@ impl Slot {
         self.holders.is_empty() && self.waiters.is_empty()
     }
 
-    /// Drops the expired holders and waiters; `true` when any waiter went (those behind it
-    /// may be admitted now).
+    /// Drops the expired holders and waiters; `true` when any went (waiters may be
+    /// admitted now).
     pub(super) fn prune(&mut self, alive: Alive<'_>) -> bool {
+        let before = (self.holders.len(), self.waiters.len());
         self.holders.retain(|entry| entry.lives(alive));
-        let waiting = self.waiters.len();
         self.waiters.retain(|waiter| waiter.lives(alive));
-        self.waiters.len() != waiting
+        before != (self.holders.len(), self.waiters.len())
     }
 
     /// The live holder `lease_id`'s entry.

@@ -362,7 +362,6 @@ impl State {
         };
         let mut freed = Vec::new();
         for (key, slot) in &mut self.slots {
-            let before = freed.len();
             freed.extend(
                 slot.holders
                     .iter()
@@ -370,8 +369,7 @@ impl State {
                     .map(|entry| (key.clone(), entry.kind)),
             );
             // Its holds and waiters die with the session.
-            let waiter_left = slot.prune(alive);
-            if self.fair && (waiter_left || freed.len() > before) {
+            if slot.prune(alive) && self.fair {
                 slot.wake_turns(alive);
             }
         }
