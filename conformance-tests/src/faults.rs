@@ -332,6 +332,10 @@ impl LockBackend for FaultyBackend {
         self.faulted(Op::Inspect, self.inner.inspect(key)).await
     }
 
+    async fn holders(&self, key: &LockKey) -> Result<Vec<HolderInfo>> {
+        self.faulted(Op::Inspect, self.inner.holders(key)).await
+    }
+
     async fn list_held(&self, prefix: &str, limit: usize) -> Result<Vec<(LockKey, HolderInfo)>> {
         self.faulted(Op::Inspect, self.inner.list_held(prefix, limit))
             .await

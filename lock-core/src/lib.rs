@@ -57,7 +57,7 @@ mod values;
 
 pub use backend::{Capabilities, Liveness};
 pub use client::LockOwner;
-pub use client::{LockClient, LockGuard, LockRequest, LockStatus, Permit};
+pub use client::{LockClient, LockGuard, LockRequest, LockSet, LockSetRequest, LockStatus, Permit};
 pub use engine::held::{LeaseHealth, LossReason};
 pub use memory::MemoryBackend;
 pub use patterns::{

@@ -94,6 +94,9 @@ impl LockBackend for Broken {
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
         self.inner.inspect(key).await
     }
+    async fn holders(&self, key: &LockKey) -> Result<Vec<HolderInfo>> {
+        self.inner.holders(key).await
+    }
     async fn list_held(&self, prefix: &str, limit: usize) -> Result<Vec<(LockKey, HolderInfo)>> {
         self.inner.list_held(prefix, limit).await
     }
