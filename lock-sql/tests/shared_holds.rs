@@ -9,14 +9,16 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use conformance_tests::eventually;
 use lock_core::backend::{AcquireRequest, LeaseRenewal, LockBackend, Ownership};
 use lock_core::{ErrorKind, HoldKind, LeaseId, LockClient, LockKey, Primitive, Renewal};
 use lock_sql::SqlBackend;
 
+mod raw_connection;
 mod support;
+use raw_connection::RawConnection;
 use support::Database;
 
 /// A key of its own for each scenario run, so scenarios sharing a database never meet.
@@ -403,6 +405,84 @@ async fn concurrent_acquirers_never_exceed_the_limit(db: &Database) {
     assert_eq!(stored(&backend, &key).await, Vec::<String>::new());
 }
 
+/// A database made before the holds table existed (dropped here, with a lock held) gets
+/// it when a backend connects, and keeps its locks.
+async fn an_older_database_gets_the_holds_table(db: &Database) {
+    let table = format!("old_{:08x}", fastrand::u32(..));
+    let url = db.url_with(&format!("table={table}"));
+    let connect = || async {
+        SqlBackend::connect(lock_sql::SqlConfig::from_url(&url).unwrap())
+            .await
+            .unwrap()
+    };
+    let key = key("older");
+    let held = LockClient::new(connect().await).lock(&key).await.unwrap();
+    let drop_table = format!("DROP TABLE {table}_holds");
+    if db.name == "sqlite" {
+        use sqlx::{Connection, Executor};
+        let mut conn = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
+        conn.execute(sqlx::AssertSqlSafe(drop_table)).await.unwrap();
+    } else {
+        RawConnection::open(db).await.run(&drop_table).await;
+    }
+    let client = LockClient::new(connect().await);
+    let status = client
+        .inspect(&key)
+        .await
+        .unwrap()
+        .expect("the lock was kept");
+    assert_eq!(status.token, held.token());
+    let permit = client.semaphore(&key, 1).no_wait().await.unwrap();
+    assert!(permit.token() > held.token());
+    permit.release().await.unwrap();
+    held.release().await.unwrap();
+}
+
+/// Another transaction holds what a shared acquire of the key takes turns on (PostgreSQL:
+/// the key's advisory lock; MariaDB: the token counter's row) for longer than the acquire
+/// waits: the attempt answers "held by another" after about a second, writing nothing,
+/// and the key is granted once the other transaction ended.
+async fn contended_shared_acquire_does_not_wait_out_a_lock(db: &Database) {
+    let backend = db.backend().await;
+    let key = key("turn");
+    let mut other = RawConnection::open(db).await;
+    other.run("BEGIN").await;
+    match db.name {
+        "postgres" => other
+            .run(&format!(
+                "SELECT pg_advisory_xact_lock(hashtextextended('distlock_locks_holds/semaphore/' \
+                     || '{key}', 0))"
+            ))
+            .await,
+        _ => {
+            other
+                .run("UPDATE distlock_locks_tokens SET last_token = last_token WHERE id = 1")
+                .await
+        }
+    }
+    let permit = request(&key, HoldKind::Permit { limit: 2 }, Duration::from_secs(60));
+    let started = Instant::now();
+    let answer = backend.try_acquire(&permit).await.unwrap();
+    let waited = started.elapsed();
+    assert!(answer.is_none(), "granted while another held the turn");
+    assert!(
+        waited >= Duration::from_millis(900) && waited < Duration::from_secs(4),
+        "the attempt waited {waited:?} for the turn"
+    );
+    assert!(backend.holders(permit.key()).await.unwrap().is_empty());
+    other.run("COMMIT").await;
+    backend
+        .try_acquire(&permit)
+        .await
+        .unwrap()
+        .expect("free again");
+    assert!(backend
+        .release(permit.key(), permit.lease_id())
+        .await
+        .unwrap()
+        .is_held());
+}
+
 /// Every scenario on one database per dialect (a server start costs seconds).
 async fn all_scenarios(db: Database) {
     n_permits_at_most(&db).await;
@@ -412,6 +492,10 @@ async fn all_scenarios(db: Database) {
     intents_end_by_release_or_expiry(&db).await;
     shared_holds_renew_in_the_batch(&db).await;
     concurrent_acquirers_never_exceed_the_limit(&db).await;
+    an_older_database_gets_the_holds_table(&db).await;
+    if db.name != "sqlite" {
+        contended_shared_acquire_does_not_wait_out_a_lock(&db).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
