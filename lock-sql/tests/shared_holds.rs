@@ -11,9 +11,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use conformance_tests::eventually;
+use conformance_tests::{eventually, within, FaultyBackend, Op};
 use lock_core::backend::{AcquireRequest, LeaseRenewal, LockBackend, Ownership};
-use lock_core::{ErrorKind, HoldKind, LeaseId, LockClient, LockKey, Primitive, Renewal};
+use lock_core::{
+    AcquireOptions, Backoff, ErrorKind, HoldKind, LeaseId, LockClient, LockKey, Primitive, Renewal,
+};
 use lock_sql::SqlBackend;
 
 mod raw_connection;
@@ -448,12 +450,14 @@ async fn contended_shared_acquire_does_not_wait_out_a_lock(db: &Database) {
     let mut other = RawConnection::open(db).await;
     other.run("BEGIN").await;
     match db.name {
-        "postgres" => other
-            .run(&format!(
+        "postgres" => {
+            other
+                .run(&format!(
                 "SELECT pg_advisory_xact_lock(hashtextextended('distlock_locks_holds/semaphore/' \
                      || '{key}', 0))"
             ))
-            .await,
+                .await
+        }
         _ => {
             other
                 .run("UPDATE distlock_locks_tokens SET last_token = last_token WHERE id = 1")
@@ -483,6 +487,55 @@ async fn contended_shared_acquire_does_not_wait_out_a_lock(db: &Database) {
         .is_held());
 }
 
+/// PostgreSQL: a permit's release wakes a waiter of the semaphore through NOTIFY, long
+/// before its fallback poll (20 s and more) would.
+async fn release_notifies_the_semaphores_waiters(db: &Database) {
+    let key = key("notified");
+    let holder = LockClient::new(db.backend().await);
+    let held = holder.semaphore(&key, 1).no_wait().await.unwrap();
+    let counted = FaultyBackend::new(Arc::new(db.backend().await));
+    let waiter = LockClient::new(counted.clone());
+    let options = AcquireOptions {
+        backoff: Backoff {
+            initial: Duration::from_secs(20),
+            max: Duration::from_secs(40),
+        },
+        ..AcquireOptions::default()
+    };
+    let waits = tokio::spawn({
+        let key = key.clone();
+        async move {
+            waiter
+                .semaphore(&key, 1)
+                .options(options)
+                .wait_up_to(Duration::from_secs(60))
+                .await
+        }
+    });
+    // The waiter's first attempt is refused before the release, so the release is what
+    // wakes it.
+    eventually(
+        Duration::from_secs(10),
+        "the waiter's first attempt",
+        || async { Ok(counted.completed(Op::Acquire) >= 1) },
+    )
+    .await
+    .unwrap();
+    held.release().await.unwrap();
+    let released = Instant::now();
+    let granted = within(Duration::from_secs(10), "the woken waiter's grant", waits)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(
+        released.elapsed() < Duration::from_secs(10),
+        "woken after {:?}",
+        released.elapsed()
+    );
+    granted.release().await.unwrap();
+}
+
 /// Every scenario on one database per dialect (a server start costs seconds).
 async fn all_scenarios(db: Database) {
     n_permits_at_most(&db).await;
@@ -495,6 +548,9 @@ async fn all_scenarios(db: Database) {
     an_older_database_gets_the_holds_table(&db).await;
     if db.name != "sqlite" {
         contended_shared_acquire_does_not_wait_out_a_lock(&db).await;
+    }
+    if db.name == "postgres" {
+        release_notifies_the_semaphores_waiters(&db).await;
     }
 }
 

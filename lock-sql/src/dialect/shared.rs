@@ -10,7 +10,7 @@ use lock_core::{Error, ErrorKind, FencingToken, HoldKind, LeaseId, LockKey, Prim
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, SqlStr, Type};
 
 use super::{bind_key, token_from, Ops, RowsAffected};
-use crate::error::lock_wait_timed_out;
+use crate::error::{deadlock_victim, lock_wait_timed_out};
 
 /// The `kind` of a waiting writer's intent: it blocks new readers, holds nothing, and has
 /// no token.
@@ -279,9 +279,13 @@ where
                             Ok(attempt)
                         }
                         // Another transaction holds the key's turn or a row of it and did
-                        // not finish within the short lock wait: contended, nothing
-                        // written.
-                        Err(err) if lock_wait_timed_out(dialect, &err) => {
+                        // not finish within the short lock wait, or a renewal batch locking
+                        // rows of this key in another order made this transaction a
+                        // deadlock's victim: contended, nothing written.
+                        Err(err)
+                            if lock_wait_timed_out(dialect, &err)
+                                || deadlock_victim(dialect, &err) =>
+                        {
                             tracing::debug!(%err, "shared acquire gave up waiting for a lock");
                             tx.rollback().await?;
                             Ok(Attempt::Refused)
