@@ -236,8 +236,9 @@ impl SqlBackend {
         &self.inner.config.table
     }
 
-    /// Deletes the rows of expired leases nobody took over (crashed holders) and the
-    /// idempotency records past their retention, up to a thousand of each per call;
+    /// Deletes the rows of expired leases nobody took over (crashed holders), of expired
+    /// shared holds and writer intents, and the idempotency records past their retention,
+    /// up to a thousand of each per call;
     /// returns how many rows. Runs by itself every 1024 releases and record writes;
     /// expired rows never block anyone and expired records are never read.
     pub async fn sweep_expired(&self) -> Result<u64> {

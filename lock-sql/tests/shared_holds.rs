@@ -536,6 +536,34 @@ async fn release_notifies_the_semaphores_waiters(db: &Database) {
     granted.release().await.unwrap();
 }
 
+/// A crashed holder's expired permit is stored until the next acquire of the key or the
+/// sweep deletes it; it never counts as a holder.
+async fn expired_holds_are_swept(db: &Database) {
+    let backend = db.backend().await;
+    let key = key("swept");
+    let crashed = request(
+        &key,
+        HoldKind::Permit { limit: 1 },
+        Duration::from_millis(100),
+    );
+    backend.try_acquire(&crashed).await.unwrap().expect("free");
+    eventually(Duration::from_secs(10), "the permit expires", || async {
+        Ok(backend.holders(crashed.key()).await?.is_empty())
+    })
+    .await
+    .unwrap();
+    assert_eq!(stored(&backend, &key).await, vec![key.clone()]);
+    assert!(backend.sweep_expired().await.unwrap() >= 1);
+    assert_eq!(stored(&backend, &key).await, Vec::<String>::new());
+    assert_eq!(
+        backend
+            .release(crashed.key(), crashed.lease_id())
+            .await
+            .unwrap(),
+        Ownership::NotHeld
+    );
+}
+
 /// Every scenario on one database per dialect (a server start costs seconds).
 async fn all_scenarios(db: Database) {
     n_permits_at_most(&db).await;
@@ -546,6 +574,7 @@ async fn all_scenarios(db: Database) {
     shared_holds_renew_in_the_batch(&db).await;
     concurrent_acquirers_never_exceed_the_limit(&db).await;
     an_older_database_gets_the_holds_table(&db).await;
+    expired_holds_are_swept(&db).await;
     if db.name != "sqlite" {
         contended_shared_acquire_does_not_wait_out_a_lock(&db).await;
     }
