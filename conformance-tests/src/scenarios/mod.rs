@@ -122,6 +122,8 @@ pub enum Needs {
     SharedHolds,
     /// No [`Capabilities::shared_holds`]: the refusal is what is checked.
     NoSharedHolds,
+    /// [`Capabilities::atomic_sets`]: lock sets taken in one store step.
+    AtomicSets,
 }
 
 impl Needs {
@@ -179,6 +181,9 @@ impl Needs {
             }
             Needs::NoSharedHolds if caps.shared_holds => {
                 Err("the store keeps semaphores and reader-writer locks")
+            }
+            Needs::AtomicSets if !caps.atomic_sets => {
+                Err("the store takes a lock set one key at a time")
             }
             Needs::Records if !caps.records => Err("the store keeps no idempotency records"),
             Needs::NoRecords if caps.records => {
@@ -318,4 +323,5 @@ scenarios! {
     sets::lock_sets_in_opposite_orders_do_not_deadlock => Nothing,
     sets::cancelled_lock_set_leaves_nothing => Nothing,
     sets::lost_member_fires_the_sets_lost => LeaseTtl,
+    sets::atomic_lock_set_waits_holding_nothing => AtomicSets,
 }

@@ -155,3 +155,41 @@ pub async fn lost_member_fires_the_sets_lost(ctx: &Ctx) -> Outcome {
     )?;
     Ok(())
 }
+
+/// On a store that takes a set in one step, a set waiting for one held key holds none of
+/// the others meanwhile, and is granted whole once the key is free.
+pub async fn atomic_lock_set_waits_holding_nothing(ctx: &Ctx) -> Outcome {
+    let keys: Vec<String> = ["a", "b", "c"]
+        .iter()
+        .map(|name| ctx.key(&format!("set-atomic-{name}")))
+        .collect();
+    let client = ctx.client().await?;
+    let rival = ctx.client().await?;
+    let blocker = rival.lock(&keys[2]).await?;
+    let waiting = tokio::spawn(
+        client
+            .lock_all(&keys)
+            .wait_up_to(Duration::from_secs(20))
+            .into_future(),
+    );
+    let free = [keys[0].clone(), keys[1].clone()];
+    // Several looks while the set waits (its attempts keep coming): none finds a key held.
+    for _ in 0..10 {
+        ensure!(
+            all_free(&rival, &free).await?,
+            "a waiting atomic set holds some of its keys"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    ensure!(!waiting.is_finished(), "the set was granted a held key");
+    released(blocker.release().await, "the blocking lock")?;
+    let set = within(
+        Duration::from_secs(10),
+        "the set after the release",
+        waiting,
+    )
+    .await?
+    .map_err(|err| Failure(format!("the set's task panicked: {err}")))??;
+    ensure!(set.is_held(), "the granted set is not held");
+    released(set.release().await, "the set")
+}

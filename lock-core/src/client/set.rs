@@ -18,11 +18,13 @@ pub type LockSetRequest = LockRequest<Vec<LockKey>>;
 /// Several keys held as one ([`LockClient::lock_all`](crate::LockClient::lock_all)): each
 /// with its own lease and fencing token, given back together.
 ///
-/// The keys are taken one at a time in their canonical order (sorted, each once), so two
+/// On a store with [`atomic_sets`](crate::Capabilities::atomic_sets) each attempt takes
+/// every key in one atomic step or none (a set waits holding nothing). On the others the
+/// keys are taken one at a time in their canonical order (sorted, each once), so two
 /// callers whose sets overlap take the keys they share in the same order and cannot
-/// deadlock; an acquisition that fails or is cancelled part way gives back what it had
-/// taken. No store takes a set in one atomic step today: between the first grant and the
-/// last, the first keys are held while the set waits for the others.
+/// deadlock, and an acquisition that fails or is cancelled part way gives back what it had
+/// taken; between the first grant and the last, the first keys are held while the set
+/// waits for the others.
 #[derive(Debug)]
 #[must_use = "dropping the set releases every key"]
 pub struct LockSet {
@@ -92,6 +94,14 @@ impl IntoFuture for LockSetRequest {
         let (core, owner, keys) = (self.core, self.owner, self.key);
         Box::pin(async move {
             let keys = keys?;
+            if owner.is_none() && core.backend.capabilities().atomic_sets {
+                let held = crate::engine::set::acquire_set(&core, keys, options).await?;
+                let guards = held
+                    .into_iter()
+                    .map(|held| LockGuard::new(held, None))
+                    .collect();
+                return Ok(LockSet { guards });
+            }
             let started = crate::values::clock::now();
             let mut guards = Vec::with_capacity(keys.len());
             for key in keys {
