@@ -564,6 +564,47 @@ async fn expired_holds_are_swept(db: &Database) {
     );
 }
 
+/// A retried grant (the same lease id, its reply lost) answers the same token and keeps
+/// one entry; the next grant's token is greater. For a permit, a read and a write.
+async fn a_retried_grant_answers_the_same_token(db: &Database) {
+    let backend = db.backend().await;
+    for kind in [
+        HoldKind::Permit { limit: 1 },
+        HoldKind::Read,
+        HoldKind::Write,
+    ] {
+        let key = key("retried");
+        let first = request(&key, kind, Duration::from_secs(60));
+        let token = backend
+            .try_acquire(&first)
+            .await
+            .unwrap()
+            .expect("free")
+            .token();
+        let again = backend.try_acquire(&first).await.unwrap().expect("its own");
+        assert_eq!(again.token(), token, "{kind:?}");
+        assert_eq!(backend.holders(first.key()).await.unwrap().len(), 1);
+        assert!(backend
+            .release(first.key(), first.lease_id())
+            .await
+            .unwrap()
+            .is_held());
+        let next = request(&key, kind, Duration::from_secs(60));
+        let next_token = backend
+            .try_acquire(&next)
+            .await
+            .unwrap()
+            .expect("free")
+            .token();
+        assert!(next_token > token, "{kind:?}");
+        assert!(backend
+            .release(next.key(), next.lease_id())
+            .await
+            .unwrap()
+            .is_held());
+    }
+}
+
 /// Every scenario on one database per dialect (a server start costs seconds).
 async fn all_scenarios(db: Database) {
     n_permits_at_most(&db).await;
@@ -575,6 +616,7 @@ async fn all_scenarios(db: Database) {
     concurrent_acquirers_never_exceed_the_limit(&db).await;
     an_older_database_gets_the_holds_table(&db).await;
     expired_holds_are_swept(&db).await;
+    a_retried_grant_answers_the_same_token(&db).await;
     if db.name != "sqlite" {
         contended_shared_acquire_does_not_wait_out_a_lock(&db).await;
     }
