@@ -177,7 +177,14 @@ async fn listen(pool: Pool<Postgres>, channel: String, link: ListenerLink) -> Re
     link.subscribed();
     loop {
         match listener.try_recv().await {
-            Ok(Some(notification)) => link.feed().released(notification.payload()),
+            Ok(Some(notification)) => {
+                let name = notification.payload();
+                if super::shared::releases_many(name) {
+                    link.feed().released_to_many(name);
+                } else {
+                    link.feed().released(name);
+                }
+            }
             Ok(None) => return Ok(()),
             Err(err) => return Err(failed("receiving release notifications")(err)),
         }

@@ -133,6 +133,12 @@ pub(crate) fn watch_name(key: &LockKey) -> String {
     }
 }
 
+/// Whether a release announced under `name` ([`watch_name`]) may let several waiters in
+/// at once: a semaphore's or reader-writer lock's.
+pub(crate) fn releases_many(name: &str) -> bool {
+    name.contains('\u{1f}')
+}
+
 /// A key's entry as the acquire transaction reads it (rows.sql).
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Entry {
