@@ -117,6 +117,11 @@ impl Leadership {
         self.guard.key()
     }
 
+    /// The lock the leader holds (the election's name): its lease, health and the like.
+    pub fn guard(&self) -> &LockGuard {
+        &self.guard
+    }
+
     /// This leadership's term: a fencing token strictly greater than every earlier
     /// leader's of the election. Pass it to whatever only the leader may change.
     pub fn term(&self) -> FencingToken {
