@@ -9,7 +9,7 @@ use lock_core::{Capabilities, ErrorKind, Liveness};
 use crate::harness::{Ctx, Failure};
 
 /// The table's header, as it stands in the README.
-pub const HEADER: &str = "| store | fair queue | release notification | durable tokens | TTL | leases live by | idempotency records | once per window | holder label |";
+pub const HEADER: &str = "| store | fair queue | release notification | durable tokens | TTL | leases live by | idempotency records | once per window | semaphores, rw locks | lock sets | holder label |";
 
 /// What a store does with a holder label, found by trying one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,7 +36,7 @@ pub fn row(name: &str, caps: &Capabilities, label: HolderLabel) -> String {
         HolderLabel::Dropped => "DROPPED",
     };
     format!(
-        "| {name} | {} | {} | {} | {} to {} | {liveness} | {} | {} | {label} |",
+        "| {name} | {} | {} | {} | {} to {} | {liveness} | {} | {} | {} | {} | {label} |",
         yes_no(caps.fair_ordering),
         yes_no(caps.native_notification),
         yes_no(caps.durable_fencing),
@@ -44,6 +44,8 @@ pub fn row(name: &str, caps: &Capabilities, label: HolderLabel) -> String {
         human(caps.max_ttl),
         yes_no(caps.records),
         yes_no(caps.once_holds()),
+        yes_no(caps.shared_holds),
+        if caps.atomic_sets { "atomic" } else { "in order" },
     )
 }
 

@@ -289,6 +289,12 @@ impl LockBackend for FaultyBackend {
         self.inner.capabilities()
     }
 
+    async fn try_acquire_all(&self, requests: &[AcquireRequest]) -> Result<Option<Vec<Grant>>> {
+        requests.iter().for_each(|request| self.attempted(request));
+        self.faulted(Op::Acquire, self.inner.try_acquire_all(requests))
+            .await
+    }
+
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
         self.attempted(request);
         let Some(delay) = self.lands_late() else {
@@ -330,6 +336,10 @@ impl LockBackend for FaultyBackend {
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
         self.faulted(Op::Inspect, self.inner.inspect(key)).await
+    }
+
+    async fn holders(&self, key: &LockKey) -> Result<Vec<HolderInfo>> {
+        self.faulted(Op::Inspect, self.inner.holders(key)).await
     }
 
     async fn list_held(&self, prefix: &str, limit: usize) -> Result<Vec<(LockKey, HolderInfo)>> {

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lock_core::backend::{lock_unpoisoned, DynBackend};
-use lock_core::{AcquireOptions, Capabilities, LockClient, LockKey};
+use lock_core::{AcquireOptions, Capabilities, HoldKind, LockClient, LockKey};
 
 pub use crate::factory::BackendFactory;
 use crate::factory::{PrivateServers, ServerFactory};
@@ -176,9 +176,19 @@ impl Ctx {
         let Ok(backend) = self.factory.connect().await else {
             return;
         };
+        let shared = [HoldKind::Permit { limit: 1 }, HoldKind::Read];
         for key in keys {
             if let Ok(Some(info)) = backend.inspect(&key).await {
                 let _ = backend.release(&key, info.lease_id).await;
+            }
+            if !self.capabilities.shared_holds {
+                continue;
+            }
+            for kind in shared {
+                let Ok(key) = key.held_as(kind) else { continue };
+                for holder in backend.holders(&key).await.unwrap_or_default() {
+                    let _ = backend.release(&key, holder.lease_id).await;
+                }
             }
         }
     }

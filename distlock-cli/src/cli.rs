@@ -172,6 +172,24 @@ pub struct RunArgs {
     #[arg(long)]
     pub kill_group_on_exit: bool,
 
+    /// Hold one of N permits of the semaphore KEY instead of the lock KEY: up to N
+    /// commands run at once (every command of the semaphore must give the same N).
+    #[arg(long, value_name = "N", conflicts_with_all = ["shared", "exclusive"], value_parser = clap::value_parser!(u32).range(1..))]
+    pub permits: Option<u32>,
+
+    /// Hold the read (shared) side of the reader-writer lock KEY, as `flock -s`: runs
+    /// beside other --shared commands of KEY, never beside an --exclusive one.
+    #[arg(long, conflicts_with = "exclusive")]
+    pub shared: bool,
+
+    /// Hold the write (exclusive) side of the reader-writer lock KEY, as `flock -x`: runs
+    /// alone, beside no --shared or --exclusive command of KEY. Without --shared,
+    /// --exclusive or --permits, run holds the lock (mutex) KEY, which is another key than
+    /// the reader-writer lock KEY: commands that share a reader-writer lock must all say
+    /// --shared or --exclusive.
+    #[arg(long)]
+    pub exclusive: bool,
+
     /// Holder label shown by `distlock status` (default: "distlock run, pid N on HOST").
     #[arg(long, value_name = "TEXT")]
     pub label: Option<String>,
@@ -220,9 +238,36 @@ pub struct StatusArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..), requires = "watch")]
     pub count: Option<u64>,
 
+    /// Which primitive of each KEY to look at: the lock (mutex), or every holder of the
+    /// semaphore or the reader-writer lock KEY (as `run --permits`, `--shared` and
+    /// `--exclusive` take them). Not with --watch.
+    #[arg(long, value_enum, default_value_t = PrimitiveArg::Mutex, conflicts_with = "watch")]
+    pub kind: PrimitiveArg,
+
     /// The keys to look up.
     #[arg(required = true, value_name = "KEY")]
     pub keys: Vec<String>,
+}
+
+/// A primitive, as `status --kind` names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PrimitiveArg {
+    /// The lock (mutex) KEY.
+    Mutex,
+    /// The semaphore KEY: every permit holder.
+    Semaphore,
+    /// The reader-writer lock KEY: every reader, or the writer.
+    Rwlock,
+}
+
+impl From<PrimitiveArg> for distlock::Primitive {
+    fn from(kind: PrimitiveArg) -> Self {
+        match kind {
+            PrimitiveArg::Mutex => distlock::Primitive::Mutex,
+            PrimitiveArg::Semaphore => distlock::Primitive::Semaphore,
+            PrimitiveArg::Rwlock => distlock::Primitive::RwLock,
+        }
+    }
 }
 
 /// `distlock list`.

@@ -76,7 +76,15 @@ pub async fn run(args: RunArgs, store_url: &str) -> Result<u8, Failure> {
 async fn acquire(args: &RunArgs, store_url: &str) -> Result<LockGuard, Failure> {
     let client = store::connect(store_url).await?;
     let label = args.label.clone().unwrap_or_else(default_label);
-    let request = || client.lock(&args.key).ttl(args.ttl).holder_label(&label);
+    let request = || {
+        let request = match (args.permits, args.shared, args.exclusive) {
+            (Some(permits), _, _) => client.semaphore(&args.key, permits),
+            (None, true, _) => client.read_lock(&args.key),
+            (None, false, true) => client.write_lock(&args.key),
+            (None, false, false) => client.lock(&args.key),
+        };
+        request.ttl(args.ttl).holder_label(&label)
+    };
     let first = request().no_wait().await;
     let acquired = match first {
         Err(err) if err.kind() == ErrorKind::HeldByAnother && !args.no_wait => {

@@ -4,10 +4,10 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use distlock::{FencingToken, LockClient, LockStatus};
+use distlock::{FencingToken, HoldKind, LockClient, LockStatus, Primitive};
 use serde_json::json;
 
-use crate::cli::StatusArgs;
+use crate::cli::{PrimitiveArg, StatusArgs};
 use crate::duration::format_duration;
 use crate::failure::{Failure, NOT_ACQUIRED};
 use crate::store;
@@ -17,6 +17,9 @@ pub async fn status(args: StatusArgs, store_url: &str) -> Result<u8, Failure> {
     let client = store::connect(store_url).await?;
     if args.watch {
         return watch(&client, &args, store_url).await;
+    }
+    if args.kind != PrimitiveArg::Mutex {
+        return holders(&client, &args, store_url).await;
     }
     let mut found = Vec::with_capacity(args.keys.len());
     for key in &args.keys {
@@ -41,13 +44,65 @@ pub async fn status(args: StatusArgs, store_url: &str) -> Result<u8, Failure> {
     Ok(if all_held { 0 } else { NOT_ACQUIRED })
 }
 
-/// `KEY: held, token N, expires in 27.1s, 2 waiting, holder "..."` or `KEY: free`.
+/// Every holder of each key's semaphore or reader-writer lock, one line per holder (or
+/// one JSON array per key); 0 when every key has a holder, 1 otherwise.
+async fn holders(client: &LockClient, args: &StatusArgs, store_url: &str) -> Result<u8, Failure> {
+    let primitive = Primitive::from(args.kind);
+    let mut all_held = true;
+    let mut objects = Vec::new();
+    for key in &args.keys {
+        let holders = client
+            .holders(key, primitive)
+            .await
+            .map_err(|err| Failure::from_store_error(&err, store_url))?;
+        all_held &= !holders.is_empty();
+        if args.json {
+            let holders: Vec<_> = holders.iter().map(holder_json).collect();
+            objects.push(json!({
+                "key": key,
+                "kind": primitive.name(),
+                "held": !holders.is_empty(),
+                "holders": holders,
+            }));
+            continue;
+        }
+        if holders.is_empty() {
+            println!("{key} ({}): free", primitive.name());
+        }
+        for status in &holders {
+            println!(
+                "{}",
+                as_line(&format!("{key} ({})", primitive.name()), Some(status))
+            );
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::Value::Array(objects));
+    }
+    Ok(if all_held { 0 } else { NOT_ACQUIRED })
+}
+
+/// How a holder holds a key, for the line: nothing for a lock; `read`, `write` or
+/// `permit of N`.
+fn hold_name(kind: HoldKind) -> Option<String> {
+    match kind {
+        HoldKind::Mutex => None,
+        HoldKind::Permit { limit } => Some(format!("permit of {limit}")),
+        other => Some(other.name().to_string()),
+    }
+}
+
+/// `KEY: held, token N, expires in 27.1s, 2 waiting, holder "..."` or `KEY: free`; a
+/// semaphore's or reader-writer lock's holder says how it holds the key (`held (read)`).
 pub fn as_line(key: &str, status: Option<&LockStatus>) -> String {
     let Some(status) = status else {
         return format!("{key}: free");
     };
     let mut line = format!(
-        "{key}: held, token {}, expires in {}",
+        "{key}: held{}, token {}, expires in {}",
+        hold_name(status.kind)
+            .map(|kind| format!(" ({kind})"))
+            .unwrap_or_default(),
         status.token,
         format_duration(status.remaining_ttl)
     );
@@ -58,6 +113,21 @@ pub fn as_line(key: &str, status: Option<&LockStatus>) -> String {
         line.push_str(&format!(", holder {holder:?}"));
     }
     line
+}
+
+/// One holder's object in `status --kind semaphore|rwlock --json`.
+fn holder_json(status: &LockStatus) -> serde_json::Value {
+    json!({
+        "hold": status.kind.name(),
+        "limit": match status.kind {
+            HoldKind::Permit { limit } => Some(limit),
+            _ => None,
+        },
+        "token": status.token.get(),
+        "remaining_ttl_ms": u64::try_from(status.remaining_ttl.as_millis()).unwrap_or(u64::MAX),
+        "waiters": status.waiters,
+        "holder": status.holder,
+    })
 }
 
 /// One key's object; `waiters` and `holder` are null where the store does not know them.

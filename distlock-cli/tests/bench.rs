@@ -52,6 +52,23 @@ fn json_reports_distributions_for_memory_and_sqlite() {
         );
         assert_eq!(one["release_to_next_holder"]["count"], handovers, "{store}");
         assert_ordered(&one["release_to_next_holder"]);
+        let shared = &store["shared"];
+        assert_eq!(shared["permit_uncontended"]["count"], 40, "{store}");
+        assert_ordered(&shared["permit_uncontended"]);
+        let semaphore = &shared["semaphore"]["run"];
+        assert_eq!(semaphore["tasks"], 16, "{store}");
+        assert!(semaphore["cycles"].as_u64().unwrap_or(0) > 0, "{store}");
+        assert_eq!(
+            semaphore["latency"]["count"], semaphore["cycles"],
+            "{store}"
+        );
+        let mixed = &shared["readers_writers"];
+        assert!(mixed["run"]["cycles"].as_u64().unwrap_or(0) > 0, "{store}");
+        // The first task's first cycle is a write.
+        assert!(
+            mixed["writer_wait"]["count"].as_u64().unwrap_or(0) > 0,
+            "{store}"
+        );
     }
 }
 

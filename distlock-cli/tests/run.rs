@@ -7,35 +7,9 @@ mod support;
 
 use support::pty::{Input, Terminal};
 use support::{
-    as_job, bare_distlock, child_of, is_alive, not_executable, send_signal, state_of, wait_gone,
-    wait_stopped, Finished, Running, Store, PATIENCE,
+    as_job, bare_distlock, child_of, holder, is_alive, let_go, not_executable, send_signal,
+    state_of, wait_gone, wait_stopped, Finished, Running, Store, PATIENCE,
 };
-
-/// A `distlock run` that holds `key` until its stdin is closed, after printing
-/// `held TOKEN`.
-fn holder(store: &Store, key: &str, extra: &[&str]) -> (Running, u64) {
-    let mut args = vec!["run"];
-    args.extend_from_slice(extra);
-    args.extend_from_slice(&[
-        key,
-        "-c",
-        "echo \"held $DISTLOCK_TOKEN\"; read _; echo released",
-    ]);
-    let running = Running::spawn(store.distlock(&args));
-    let line = running.line();
-    let token = line
-        .strip_prefix("held ")
-        .and_then(|token| token.parse().ok())
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
-    (running, token)
-}
-
-/// Lets a [`holder`] go and checks it released cleanly.
-fn let_go(holder: Running) {
-    drop(holder.stdin_handle());
-    assert_eq!(holder.line(), "released");
-    assert_eq!(holder.exit_code(), 0, "{}", holder.rest_of_stderr());
-}
 
 #[test]
 fn a_second_run_waits_until_the_first_releases() {

@@ -65,9 +65,10 @@ pub use lock_core::backend::{redact_url, redact_url_in};
 pub use lock_core::observe;
 pub use lock_core::{
     AcquireOptions, Backoff, Capabilities, Error, ErrorKind, Execution, FencedResource,
-    FencingToken, IdempotentRequest, Lease, LeaseHealth, LeaseId, Liveness, LockClient, LockGuard,
-    LockKey, LockOwner, LockRequest, LockScope, LockStatus, LossReason, MemoryBackend, OnceRequest,
-    OnceTicket, Renewal, Result, StaleToken, Wait,
+    FencingToken, HoldKind, IdempotentRequest, Lease, LeaseHealth, LeaseId, Liveness, LockClient,
+    LockGuard, LockKey, LockOwner, LockRequest, LockScope, LockSet, LockSetRequest, LockStatus,
+    LossReason, MemoryBackend, OnceRequest, OnceTicket, Permit, Primitive, Renewal, Result,
+    StaleToken, Wait,
 };
 
 /// A client for the store named by `url`.

@@ -5,7 +5,10 @@
 //! builds everything else on them once, for every store: waiting with backoff, the
 //! store's notifications or its fair queue, one renewal engine per client (per lease,
 //! batched, or by session), the lost-lock signal, reentrancy through [`LockOwner`],
-//! clean-up of abandoned acquisitions, and tracing. [`MemoryBackend`] is the reference
+//! clean-up of abandoned acquisitions, and tracing. Beside the exclusive lock the client
+//! offers counting semaphores ([`LockClient::semaphore`]), reader-writer locks
+//! ([`LockClient::read_lock`], [`LockClient::write_lock`]) and lock sets
+//! ([`LockClient::lock_all`]) with the same guarantees. [`MemoryBackend`] is the reference
 //! backend.
 //!
 //! ```
@@ -34,7 +37,7 @@
 //!
 //! | folder | what it is |
 //! |---|---|
-//! | `client/` | what users call: [`LockClient`], [`LockRequest`], [`LockGuard`], [`LockOwner`], [`LockStatus`] |
+//! | `client/` | what users call: [`LockClient`], [`LockRequest`], [`LockGuard`], [`LockOwner`], [`LockStatus`], [`LockSet`] |
 //! | `patterns/` | built on the client: once, idempotent, scoped locks, fenced resources |
 //! | `engine/` | store-agnostic mechanics: local lines, waiting, fair queues, renewal, clean-ups |
 //! | `backend/` | the implementor's side ([`backend::LockBackend`]) and the toolkit every store reuses: session pool, retries, time-outs, URL grammar, store registry |
@@ -57,7 +60,7 @@ mod values;
 
 pub use backend::{Capabilities, Liveness};
 pub use client::LockOwner;
-pub use client::{LockClient, LockGuard, LockRequest, LockStatus, Permit};
+pub use client::{LockClient, LockGuard, LockRequest, LockSet, LockSetRequest, LockStatus, Permit};
 pub use engine::held::{LeaseHealth, LossReason};
 pub use memory::MemoryBackend;
 pub use patterns::{

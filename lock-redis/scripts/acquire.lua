@@ -1,4 +1,5 @@
--- Single-node acquire: one atomic step that grants, re-grants to the same lease, or refuses.
+-- Single-node acquire: one atomic step that grants, re-grants to the same lease, or refuses
+-- (token.lua comes first: next_token).
 -- KEYS[1] lock key, KEYS[2] fencing counter (same hash slot)
 -- ARGV[1] lease id (hex), ARGV[2] TTL in milliseconds, ARGV[3] holder label (hex, '' for
 -- none), kept after the entry's stamp
@@ -13,18 +14,7 @@ if held then
   end
   return 0
 end
--- The token is the counter plus one, or the server's clock in microseconds since the
--- epoch if that is more: a hybrid of a counter and a clock. A counter that is missing (a
--- key never locked, or a server restarted without persistence) or behind (a replica
--- promoted before it got the last increments) is overtaken by the clock, so tokens keep
--- increasing across both, as long as no server's clock is behind an earlier primary's
--- by more than the failover took and the key averaged under a million grants a second
--- (docs.md). Lua numbers are doubles, exact for integers below 2^53 (in microseconds,
--- the year 2255).
-local now = redis.call('TIME')
-local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
-local token = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, clock)
-redis.call('SET', KEYS[2], string.format('%.0f', token))
+local token = next_token(KEYS[2])
 local label = ''
 if ARGV[3] ~= '' then
   label = ':' .. ARGV[3]

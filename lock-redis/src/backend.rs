@@ -19,9 +19,14 @@ use crate::node::{Node, NodeOptions};
 use crate::notify::Notifier;
 use crate::replicas::Confirmation;
 use crate::sentinel::Sentinels;
+use crate::shared;
 
-static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/acquire.lua")));
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../scripts/token.lua"),
+        include_str!("../scripts/acquire.lua")
+    ))
+});
 static WRITE_RECORD: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/write_record.lua")));
 
@@ -97,6 +102,9 @@ impl RedisBackend {
                     // Records sit beside the lock entry and are written by a script that
                     // checks it (the Redlock backend keeps none: see docs.md).
                     records: true,
+                    // Semaphores and reader-writer locks: counted and decided by one
+                    // script on one server (`shared.rs`).
+                    shared_holds: true,
                     ..config.capabilities()
                 },
                 confirmation: Confirmation::of(config),
@@ -127,23 +135,32 @@ impl LockBackend for RedisBackend {
     /// With replica confirmation on, a grant the replicas do not confirm in time is
     /// released again (best effort: if that fails too, the entry expires with its TTL) and
     /// the attempt fails as [`ErrorKind::Unavailable`], so no unconfirmed guard exists.
+    /// Mutex and shared holds alike.
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
         let inner = &self.inner;
         let pinned = inner.node.pin().await?;
-        let token: u64 = pinned
-            .invoke(
-                ACQUIRE
-                    .key(inner.layout.lock_key(request.key()))
-                    .key(inner.layout.fence_key(request.key()))
-                    .arg(request.lease_id().to_string())
-                    .arg(ttl_millis(request.store_ttl()))
-                    .arg(label_arg(request.holder_label())),
-                "acquire",
-            )
-            .await?;
-        if token == 0 {
+        let granted = match inner.layout.shared_keys(request.key()) {
+            Some(keys) => shared::acquire(&pinned, &keys, request).await?,
+            None => {
+                let token: u64 = pinned
+                    .invoke(
+                        ACQUIRE
+                            .key(inner.layout.lock_key(request.key()))
+                            .key(inner.layout.fence_key(request.key()))
+                            .arg(request.lease_id().to_string())
+                            .arg(ttl_millis(request.store_ttl()))
+                            .arg(label_arg(request.holder_label())),
+                        "acquire",
+                    )
+                    .await?;
+                (token != 0).then_some(token)
+            }
+        };
+        // A refused writer's intent is not confirmed: losing it in a failover only lets
+        // readers in ahead of the writer.
+        let Some(token) = granted else {
             return Ok(None);
-        }
+        };
         if let Some(confirmation) = &inner.confirmation {
             if let Err(unconfirmed) = confirmation.confirm(&pinned, "acquire").await {
                 if let Err(err) = self.release(request.key(), request.lease_id()).await {
@@ -189,20 +206,46 @@ impl LockBackend for RedisBackend {
         }
     }
 
+    /// A shared hold's release also removes the lease's writer intent (answering
+    /// [`Ownership::NotHeld`] when only the intent was there), and wakes the waiters then
+    /// too: the readers the intent held back may go in.
     async fn release(&self, key: &LockKey, lease_id: LeaseId) -> Result<Ownership> {
         let inner = &self.inner;
-        let (lock_key, channel) = (inner.layout.lock_key(key), inner.layout.channel());
-        release_if_owner(&inner.node, &lock_key, lease_id, &channel).await
+        let channel = inner.layout.channel();
+        match inner.layout.shared_keys(key) {
+            Some(keys) => shared::release(&inner.node, &keys, lease_id, &channel).await,
+            None => {
+                let lock_key = inner.layout.lock_key(key);
+                release_if_owner(&inner.node, &lock_key, lease_id, &channel).await
+            }
+        }
     }
 
+    /// A shared key's oldest holder (lowest token).
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
         let inner = &self.inner;
+        if let Some(keys) = inner.layout.shared_keys(key) {
+            return Ok(shared::holders(&inner.node, &keys)
+                .await?
+                .into_iter()
+                .next());
+        }
         let held = read_holder(&inner.node, &inner.layout.lock_key(key)).await?;
         Ok(held.map(|held| held.into_info()))
     }
 
-    /// Keys starting with `key_prefix` that have a lock entry on the server (live leases;
-    /// fencing counters are not listed). Uses `SCAN`, so it is safe on a busy server.
+    async fn holders(&self, key: &LockKey) -> Result<Vec<HolderInfo>> {
+        let inner = &self.inner;
+        match inner.layout.shared_keys(key) {
+            Some(keys) => shared::holders(&inner.node, &keys).await,
+            None => Ok(self.inspect(key).await?.into_iter().collect()),
+        }
+    }
+
+    /// Keys starting with `key_prefix` that have a lock entry on the server, or a
+    /// semaphore's or reader-writer lock's holders or writer intents (live ones, and
+    /// expired ones Redis has not deleted yet; fencing counters and records are not
+    /// listed). Uses `SCAN`, so it is safe on a busy server.
     async fn stored_keys(&self, key_prefix: &str) -> Result<Vec<String>> {
         let layout = &self.inner.layout;
         let found = self
@@ -210,7 +253,10 @@ impl LockBackend for RedisBackend {
             .node
             .scan(&layout.scan_pattern(key_prefix))
             .await?;
-        let mut keys: Vec<String> = found.iter().filter_map(|k| layout.user_key(k)).collect();
+        let mut keys: Vec<String> = found
+            .iter()
+            .filter_map(|k| layout.stored_user_key(k))
+            .collect();
         keys.sort();
         // SCAN may return a key more than once.
         keys.dedup();
@@ -219,7 +265,8 @@ impl LockBackend for RedisBackend {
 
     /// `SCAN`s the lock entries under the prefix (hex-encoded, so the pattern needs no
     /// escaping whatever the prefix holds), then reads each holder in key order as
-    /// `inspect` does, skipping entries that expired meanwhile.
+    /// `inspect` does, skipping entries that expired meanwhile (and keys that only a
+    /// semaphore or reader-writer lock holds: the core lists mutexes alone).
     async fn list_held(&self, prefix: &str, limit: usize) -> Result<Vec<(LockKey, HolderInfo)>> {
         let inner = &self.inner;
         let mut held = Vec::new();
@@ -237,7 +284,7 @@ impl LockBackend for RedisBackend {
 
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {
         let inner = &self.inner;
-        Ok(Some(inner.notifier.watch(inner.layout.lock_key(key))))
+        Ok(Some(inner.notifier.watch(inner.layout.released_name(key))))
     }
 
     async fn read_record(&self, key: &LockKey) -> Result<Option<Record>> {

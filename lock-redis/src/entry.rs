@@ -21,8 +21,12 @@ use crate::node::{Node, Pinned};
 
 static INSPECT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/inspect.lua")));
-static RENEW_MANY: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/renew_many.lua")));
+static RENEW_MANY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../scripts/shared.lua"),
+        include_str!("../scripts/renew_many.lua")
+    ))
+});
 static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/release.lua")));
 
@@ -110,8 +114,8 @@ fn parse_holder((value, pttl): (String, i64)) -> Option<Option<Held>> {
     }))
 }
 
-/// Extends each of `leases` on `node` whose entry is still that lease's, answering for
-/// each in order whether it was. As few script calls as [`RENEWALS_PER_SCRIPT`] allows:
+/// Extends each of `leases` on `node` whose entry is still that lease's (a mutex entry,
+/// or one holder of a shared key), answering for each in order whether it was. As few script calls as [`RENEWALS_PER_SCRIPT`] allows:
 /// one for any batch the core's renewal engine sends.
 pub(crate) async fn renew_if_owner(
     node: &Node,
@@ -132,9 +136,12 @@ pub(crate) async fn renew_if_owner_on(
         let mut invocation = RENEW_MANY.prepare_invoke();
         for lease in chunk {
             invocation
-                .key(layout.lock_key(&lease.key))
                 .arg(lease.lease_id.to_string())
                 .arg(ttl_millis(lease.ttl));
+            match layout.shared_keys(&lease.key) {
+                None => invocation.key(layout.lock_key(&lease.key)).arg("m"),
+                Some(shared) => invocation.key(shared.entries).key(shared.expiries).arg("s"),
+            };
         }
         let renewed: Vec<i64> = node.invoke(&invocation, "renew").await?;
         if renewed.len() != chunk.len() {

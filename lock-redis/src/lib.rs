@@ -29,6 +29,7 @@ mod quorum;
 mod redlock;
 mod replicas;
 mod sentinel;
+mod shared;
 
 use std::sync::Arc;
 

@@ -151,6 +151,18 @@ fn next_stamp() -> u64 {
     ATTEMPTS.fetch_add(1, Ordering::Relaxed) + 1
 }
 
+/// Why Redlock keeps no semaphores or reader-writer locks (docs.md, "Redlock keeps no
+/// semaphores or reader-writer locks"); said in the error that refuses one. The bound is
+/// the pigeonhole's: N nodes granting at most L permits each give N x L grants, a permit
+/// takes M of them, and blocks of M consecutive nodes (cyclically) reach it.
+pub(crate) const SHARED_HOLDS_REFUSAL: &str =
+    "a majority of independent nodes cannot keep a count of holders: each node counts only \
+     the permits granted on it, and two majorities may share a single node, so with N nodes, \
+     majorities of M and a limit of L, up to floor(N*L/M) permits can each hold a majority \
+     while no node grants more than L: more than L holders once L >= 2 on 3 or 5 nodes \
+     (5 nodes, limit 2: three permits, on nodes 1-2-3, 4-5-1 and 2-3-4); reader-writer \
+     locks are refused with them (one capability, shared_holds)";
+
 /// Round-1 statuses (see reserve.lua).
 const HELD: i64 = 0;
 const OWN: i64 = 2;
@@ -192,8 +204,11 @@ impl RedlockBackend {
                 node_timeout: config.node_timeout,
                 // No idempotency records (`records: false`): a write fenced by the lock is
                 // not one atomic step across independent nodes (docs.md, "Idempotency
-                // records").
-                capabilities: config.capabilities(),
+                // records"). No shared holds either (`shared_holds: false`).
+                capabilities: Capabilities {
+                    shared_holds_refusal: Some(SHARED_HOLDS_REFUSAL),
+                    ..config.capabilities()
+                },
             }),
         };
         let (connected, ()) = tokio::join!(

@@ -10,7 +10,7 @@ use conformance_tests::store_process::{StoreProcess, StoreSpec};
 use conformance_tests::within;
 use lock_core::backend::{default_drift_allowance, AcquireRequest, Record};
 use lock_core::{
-    AcquireOptions, ErrorKind, LeaseHealth, LeaseId, LockClient, LockKey, Renewal, Wait,
+    AcquireOptions, ErrorKind, HoldKind, LeaseHealth, LeaseId, LockClient, LockKey, Renewal, Wait,
 };
 use support::{connect, entry, lock_key, redis_url, start_redis};
 
@@ -111,6 +111,60 @@ async fn an_unconfirmed_grant_is_rolled_back_and_fails_unavailable() {
         .unwrap()
         .is_none());
     assert!(backend.stored_keys(&key).await.unwrap().is_empty());
+}
+
+/// (b) for shared holds: a permit and a write the frozen replica does not confirm fail as
+/// `Unavailable` and are rolled back, so the semaphore and the reader-writer lock are
+/// empty again; with the replica back, both are granted and are on the replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unconfirmed_shared_grants_are_rolled_back() {
+    let (primary, replica) = primary_and_replica().await;
+    let backend = connect(&confirmed_url(&primary, "1")).await;
+    let name = key("shared");
+    let shared = [HoldKind::Permit { limit: 2 }, HoldKind::Write]
+        .map(|kind| LockKey::new(&name).unwrap().held_as(kind).unwrap());
+    replica.pause().unwrap();
+    let mut refused = Vec::new();
+    for key in &shared {
+        let ttl = Duration::from_secs(30);
+        let request = AcquireRequest::new(
+            key.clone(),
+            ttl,
+            default_drift_allowance(ttl),
+            Renewal::Manual,
+        );
+        refused.push(backend.try_acquire(&request).await);
+    }
+    replica.resume().unwrap();
+    for (key, outcome) in shared.iter().zip(refused) {
+        let err = outcome.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unavailable, "{key:?}: {err}");
+        assert!(backend.holders(key).await.unwrap().is_empty(), "{key:?}");
+    }
+    assert!(backend.stored_keys(&name).await.unwrap().is_empty());
+
+    let client = LockClient::new(backend.clone())
+        .with_defaults(options(Duration::from_secs(10), Renewal::Manual));
+    let permit = client.semaphore(&name, 2).await.unwrap();
+    let writer = client.write_lock(&name).await.unwrap();
+    let on_replica: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut support::raw(replica.addr()).await)
+        .await
+        .unwrap();
+    for stored in [
+        ":semaphore",
+        ":semaphore:expiry",
+        ":rwlock",
+        ":rwlock:expiry",
+    ] {
+        assert!(
+            on_replica.iter().any(|k| k.ends_with(stored)),
+            "{stored} is not on the replica: {on_replica:?}"
+        );
+    }
+    permit.release().await.unwrap();
+    writer.release().await.unwrap();
 }
 
 /// (c) A renewal the frozen replica does not confirm fails and does not move the

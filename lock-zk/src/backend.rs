@@ -11,7 +11,8 @@ use lock_core::backend::{
     LockBackend, Ownership, Record, SessionKeeper, Turn,
 };
 use lock_core::{
-    Capabilities, Error, ErrorKind, FencingToken, LeaseId, Liveness, LockKey, Renewal, Result,
+    Capabilities, Error, ErrorKind, FencingToken, HoldKind, LeaseId, Liveness, LockKey, Primitive,
+    Renewal, Result,
 };
 use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError};
 
@@ -19,9 +20,10 @@ use crate::config::ZkConfig;
 use crate::detached::{held_for, with_ttl};
 use crate::error::into_error;
 use crate::keys::Layout;
-use crate::keys::{contenders, decode_key, lock_parent, node_prefix, Contender};
+use crate::keys::{contenders, decode_key, Contender};
 use crate::records::{catch_up, Records};
 use crate::session::{connect, Sessions, ZkSession};
+use crate::shared::{self, key_of_parent, node_prefix, Rank};
 use crate::watch::{Ahead, TurnWatch};
 
 /// Fair, session-bound locks in ZooKeeper.
@@ -66,6 +68,10 @@ struct Own {
     /// What the latest look at the queue saw ahead of this node, shared with its turn watch.
     ahead: Arc<Ahead>,
     granted: bool,
+    /// The node's key, which says how it holds it.
+    key: LockKey,
+    /// A shared hold's token, once its grant was written (see [`ZkBackend::claim`]).
+    claimed: Option<FencingToken>,
     /// A detached hold's node: a TTL node, which no session keeps or ends.
     detached: bool,
     /// The node's data as created (its TTL and holder label).
@@ -99,9 +105,12 @@ impl Own {
 
 /// Where a node stands in its key's queue.
 enum Place {
+    /// Its turn has come: first for a mutex, by the rank rules for a shared hold.
     First,
     Behind,
     Gone,
+    /// The request is refused (a semaphore's limit that disagrees): its node must go.
+    Refused(Error),
 }
 
 impl ZkBackend {
@@ -157,6 +166,7 @@ impl ZkBackend {
                     detached_holds: records,
                     // Both ends of a hold's judgment are server times in whole ms.
                     clock_step: Duration::from_millis(1),
+                    shared_holds: true,
                     records_hint: (!records).then_some(
                         "the ZooKeeper server refuses TTL nodes; start it with \
                          -Dzookeeper.extendedTypesEnabled=true",
@@ -182,9 +192,15 @@ impl ZkBackend {
         })
     }
 
+    /// The parent of `key`'s nodes, in its primitive's namespace.
     fn parent(&self, key: &LockKey) -> Result<String> {
         let config = &self.inner.config;
-        lock_parent(config.layout, &config.root, key)
+        shared::parent(config.layout, &config.root, key)
+    }
+
+    /// The name prefix of `lease`'s node for `key` (see [`shared::node_prefix`]).
+    fn prefix(&self, key: &LockKey, lease: LeaseId) -> String {
+        node_prefix(self.inner.config.layout, key.kind(), lease)
     }
 
     fn known(&self, lease: LeaseId) -> Option<Own> {
@@ -207,7 +223,7 @@ impl ZkBackend {
         let manual = request.renewal() == Renewal::Manual;
         let client = session.client()?;
         let uncertain = lock(&self.inner.uncertain).contains_key(&lease);
-        let prefix = node_prefix(lease);
+        let prefix = self.prefix(request.key(), lease);
         let path = format!("{parent}/{prefix}");
         let mut data = request.ttl().as_millis().to_string();
         if let Some(label) = request.holder_label() {
@@ -220,7 +236,7 @@ impl ZkBackend {
             // and deletes: the retry queues a new one, whose TTL counts from this attempt
             // as the core's deadline does.
             if let Some(own) = self
-                .find_own(&client, &session, &parent, lease, manual, &data)
+                .find_own(&client, &session, &parent, &prefix, request, &data)
                 .await?
             {
                 return Ok(self.record(lease, own));
@@ -253,6 +269,8 @@ impl ZkBackend {
                         session,
                         ahead: Arc::default(),
                         granted: false,
+                        key: request.key().clone(),
+                        claimed: None,
                         detached,
                         data,
                         created: stat.mtime,
@@ -303,17 +321,17 @@ impl ZkBackend {
         client: &Client,
         session: &Arc<ZkSession>,
         parent: &str,
-        lease: LeaseId,
-        manual: bool,
+        prefix: &str,
+        request: &AcquireRequest,
         data: &Arc<[u8]>,
     ) -> Result<Option<Own>> {
-        let prefix = node_prefix(lease);
+        let manual = request.renewal() == Renewal::Manual;
         let children = match client.list_children(parent).await {
             Ok(children) => children,
             Err(ZkError::NoNode) => return Ok(None),
             Err(err) => return Err(session.failed(err, "looking for the lock node")),
         };
-        let Some(name) = children.into_iter().find(|name| name.starts_with(&prefix)) else {
+        let Some(name) = children.into_iter().find(|name| name.starts_with(prefix)) else {
             return Ok(None);
         };
         let path = format!("{parent}/{name}");
@@ -330,6 +348,8 @@ impl ZkBackend {
                     session: Arc::clone(session),
                     ahead: Arc::default(),
                     granted: false,
+                    key: request.key().clone(),
+                    claimed: None,
                     detached: false,
                     data: Arc::clone(data),
                     created: stat.mtime,
@@ -390,7 +410,19 @@ impl ZkBackend {
             own.proved(sent_at);
             let listed = children.contains(&own.name);
             let queue = contenders(children);
-            return Ok(match queue.iter().position(|c| c.name == own.name) {
+            let at = queue.iter().position(|c| c.name == own.name);
+            if let (Some(at), true) = (at, own.key.primitive() != Primitive::Mutex) {
+                // No detached hold is ever shared: the rank rules alone decide.
+                return Ok(match shared::rank(&own.key, own.key.kind(), &queue, at) {
+                    Ok(Rank::Turn) => Place::First,
+                    Ok(Rank::Behind { deciders, decisive }) => {
+                        own.ahead.saw(deciders, decisive);
+                        Place::Behind
+                    }
+                    Err(err) => Place::Refused(err),
+                });
+            }
+            return Ok(match at {
                 Some(0) => Place::First,
                 Some(at) => {
                     // Only a node named as this crate names them may be a detached hold.
@@ -403,7 +435,7 @@ impl ZkBackend {
                     {
                         continue;
                     }
-                    own.ahead.saw(queue[at - 1].name.clone(), at == 1);
+                    own.ahead.saw(vec![queue[at - 1].name.clone()], at == 1);
                     Place::Behind
                 }
                 None if !listed => Place::Gone,
@@ -538,11 +570,51 @@ impl ZkBackend {
         Ok(Ownership::Held)
     }
 
-    fn grant(&self, lease: LeaseId, own: &Own) -> Grant {
+    /// Grants `lease` its key, its node's turn having come: a mutex's token is its node's
+    /// creation zxid; a shared hold's is the zxid of its grant's write ([`Self::claim`]).
+    async fn take(&self, lease: LeaseId, own: &Own) -> Result<Grant> {
+        let token = match own.key.primitive() {
+            Primitive::Mutex => FencingToken::new(own.czxid.unsigned_abs()),
+            _ => self.claim(lease, own).await?,
+        };
+        Ok(self.grant(lease, own, token))
+    }
+
+    /// Writes a shared hold's grant into its node (its data again, expecting version 0)
+    /// and answers the write's zxid as its token. Shared holds are not granted in creation
+    /// order (readers behind a writer, permits ahead of a slower one), so a creation zxid
+    /// could be below a token granted before; a write at the grant is above every one.
+    /// The node's version says it was granted: a retry whose reply was lost finds version
+    /// 1 and answers the same zxid (the node's `mzxid`).
+    async fn claim(&self, lease: LeaseId, own: &Own) -> Result<FencingToken> {
+        if let Some(token) = own.claimed {
+            return Ok(token);
+        }
+        let client = own.session.client()?;
+        let path = own.path();
+        let sent_at = Instant::now();
+        let zxid = match client.set_data(&path, &own.data, Some(0)).await {
+            Ok(stat) => stat.mzxid,
+            Err(ZkError::BadVersion) => match client.check_stat(&path).await {
+                Ok(Some(stat)) => stat.mzxid,
+                Ok(None) => return Err(vanished()),
+                Err(err) => return Err(own.session.failed(err, "reading the grant")),
+            },
+            Err(ZkError::NoNode) => return Err(vanished()),
+            Err(err) => return Err(own.session.failed(err, "writing the grant")),
+        };
+        own.proved(sent_at);
+        let token = FencingToken::new(zxid.unsigned_abs());
+        if let Some(entry) = lock(&self.inner.own).get_mut(&lease) {
+            entry.claimed = Some(token);
+        }
+        Ok(token)
+    }
+
+    fn grant(&self, lease: LeaseId, own: &Own, token: FencingToken) -> Grant {
         if let Some(entry) = lock(&self.inner.own).get_mut(&lease) {
             entry.granted = true;
         }
-        let token = FencingToken::new(own.czxid.unsigned_abs());
         if own.detached {
             // It lives by its TTL alone, whatever becomes of its session.
             return Grant::new(token);
@@ -572,7 +644,7 @@ impl ZkBackend {
             return Ok(Some(Ownership::NotHeld));
         };
         let parent = self.parent(key)?;
-        let prefix = node_prefix(lease);
+        let prefix = self.prefix(key, lease);
         let children = match client.list_children(&parent).await {
             Ok(children) => children,
             Err(ZkError::NoNode) => return Ok(Some(Ownership::NotHeld)),
@@ -596,7 +668,7 @@ impl ZkBackend {
     /// did not create, or no longer knows).
     async fn find_by_name(&self, key: &LockKey, lease: LeaseId) -> Result<Option<String>> {
         let parent = self.parent(key)?;
-        let prefix = node_prefix(lease);
+        let prefix = self.prefix(key, lease);
         self.catch_up(&parent).await?;
         match self.inner.control.list_children(&parent).await {
             Ok(children) => Ok(children
@@ -643,6 +715,45 @@ impl ZkBackend {
         ))
     }
 
+    /// What `inspect` and `holders` tell of the holding `node`, read as `data`, created at
+    /// `czxid` and holding with `token`, with `waiters` behind.
+    fn holder_info(
+        &self,
+        node: &Contender,
+        data: &[u8],
+        czxid: i64,
+        token: i64,
+        waiters: usize,
+        kind: HoldKind,
+    ) -> HolderInfo {
+        let text = String::from_utf8_lossy(data);
+        let (ttl, label) = match text.split_once('\n') {
+            Some((ttl, label)) => (ttl.parse::<u64>().ok(), Some(label.to_string())),
+            None => (text.parse::<u64>().ok(), None),
+        };
+        let lease_id = node
+            .lease_id()
+            .unwrap_or_else(|| LeaseId::from_u128(u128::from(czxid.unsigned_abs())));
+        // Our own session's deadline where we know it; otherwise the session timeout the
+        // holder asked for (an upper bound: ZooKeeper does not tell how long ago a session
+        // was last heard from).
+        let remaining_ttl = match self.known(lease_id) {
+            Some(own) => {
+                let status = own.keeper().status();
+                (status.proven_at + status.ttl).saturating_duration_since(Instant::now())
+            }
+            None => Duration::from_millis(ttl.unwrap_or(0)),
+        };
+        HolderInfo {
+            lease_id,
+            token: FencingToken::new(token.unsigned_abs()),
+            remaining_ttl,
+            waiters: Some(waiters),
+            holder: label.filter(|_| ttl.is_some()),
+            kind,
+        }
+    }
+
     /// The path of `lease`'s node in `key`'s queue if it is the first there (holds the
     /// lock), read after a sync with the leader.
     async fn holding_node(&self, key: &LockKey, lease: LeaseId) -> Result<Option<String>> {
@@ -652,7 +763,7 @@ impl ZkBackend {
             }
         }
         let parent = self.parent(key)?;
-        let prefix = node_prefix(lease);
+        let prefix = self.prefix(key, lease);
         let control = &self.inner.control;
         self.catch_up(&parent).await?;
         let children = match control.list_children(&parent).await {
@@ -762,6 +873,14 @@ async fn after_sync<T>(
     read.await
 }
 
+/// A node of ours gone from under a request (its session ended): the request is retried.
+fn vanished() -> Error {
+    Error::new(
+        ErrorKind::Unavailable,
+        "zookeeper: the lock node vanished (its session ended); retrying",
+    )
+}
+
 /// Deletes the node at `path`; [`Ownership::NotHeld`] if it was not there.
 async fn delete_node(client: &Client, path: &str) -> Result<Ownership> {
     match client.delete(path, None).await {
@@ -785,18 +904,19 @@ impl LockBackend for ZkBackend {
         let lease = request.lease_id();
         let own = self.own_node(request).await?;
         match self.place(&own).await? {
-            Place::First => Ok(Some(self.grant(lease, &own))),
+            Place::First => Ok(Some(self.take(lease, &own).await?)),
             // Never jumps the queue: a node behind others is taken back at once.
             Place::Behind => {
                 let _ = self.remove(lease, &own).await?;
                 Ok(None)
             }
+            Place::Refused(err) => {
+                let _ = self.remove(lease, &own).await?;
+                Err(err)
+            }
             Place::Gone => {
                 self.forget(lease);
-                Err(Error::new(
-                    ErrorKind::Unavailable,
-                    "zookeeper: the lock node vanished (its session ended); retrying",
-                ))
+                Err(vanished())
             }
         }
     }
@@ -867,41 +987,73 @@ impl LockBackend for ZkBackend {
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
+        if key.primitive() != Primitive::Mutex {
+            return Ok(self.holders(key).await?.into_iter().next());
+        }
         let parent = self.parent(key)?;
         let Some((first, waiters, data, czxid)) = self.holder(&parent).await? else {
             return Ok(None);
         };
-        let text = String::from_utf8_lossy(&data);
-        let (ttl, label) = match text.split_once('\n') {
-            Some((ttl, label)) => (ttl.parse::<u64>().ok(), Some(label.to_string())),
-            None => (text.parse::<u64>().ok(), None),
-        };
-        let lease_id = first
-            .lease_id()
-            .unwrap_or_else(|| LeaseId::from_u128(u128::from(czxid.unsigned_abs())));
-        // Our own session's deadline where we know it; otherwise the session timeout the
-        // holder asked for (an upper bound: ZooKeeper does not tell how long ago a session
-        // was last heard from).
-        let remaining_ttl = match self.known(lease_id) {
-            Some(own) => {
-                let status = own.keeper().status();
-                (status.proven_at + status.ttl).saturating_duration_since(Instant::now())
-            }
-            None => Duration::from_millis(ttl.unwrap_or(0)),
-        };
-        Ok(Some(HolderInfo {
-            lease_id,
-            token: FencingToken::new(czxid.unsigned_abs()),
-            remaining_ttl,
-            waiters: Some(waiters),
-            holder: label.filter(|_| ttl.is_some()),
-            kind: lock_core::HoldKind::Mutex,
-        }))
+        Ok(Some(self.holder_info(
+            &first,
+            &data,
+            czxid,
+            czxid,
+            waiters,
+            HoldKind::Mutex,
+        )))
     }
 
-    /// Keys starting with `prefix` whose parents still hold lock nodes (held, queued or
-    /// left behind). Empty parents are not counted: the server reaps them. Distlock
-    /// layout only.
+    /// Every node of `key`'s queue whose turn has come by the rank rules, by token (a
+    /// distlock holder's is its grant's write; a node not written, another recipe's or
+    /// one whose waiter has not taken its turn yet, shows its creation zxid). A mutex's
+    /// holder is [`inspect`](LockBackend::inspect)'s.
+    async fn holders(&self, key: &LockKey) -> Result<Vec<HolderInfo>> {
+        let primitive = key.primitive();
+        if primitive == Primitive::Mutex {
+            return Ok(self.inspect(key).await?.into_iter().collect());
+        }
+        let parent = self.parent(key)?;
+        let control = &self.inner.control;
+        self.catch_up(&parent).await?;
+        let queue = match control.list_children(&parent).await {
+            Ok(children) => contenders(children),
+            Err(ZkError::NoNode) => return Ok(Vec::new()),
+            Err(err) => return Err(into_error(err, "reading the queue")),
+        };
+        let holding: Vec<&Contender> = (0..queue.len())
+            .filter(|&at| shared::holds(key, primitive, &queue, at))
+            .map(|at| &queue[at])
+            .collect();
+        let waiters = queue.len() - holding.len();
+        // Sent together: the client writes each request as it is made.
+        let reads: Vec<_> = holding
+            .iter()
+            .map(|node| control.get_data(&format!("{parent}/{}", node.name)))
+            .collect();
+        let mut holders = Vec::with_capacity(holding.len());
+        for (node, read) in holding.into_iter().zip(reads) {
+            let (data, stat) = match read.await {
+                Ok(read) => read,
+                // Released since the listing.
+                Err(ZkError::NoNode) => continue,
+                Err(err) => return Err(into_error(err, "reading a holder")),
+            };
+            let token = if stat.version > 0 {
+                stat.mzxid
+            } else {
+                stat.czxid
+            };
+            let kind = shared::kind_of(primitive, &node.name).unwrap_or(key.kind());
+            holders.push(self.holder_info(node, &data, stat.czxid, token, waiters, kind));
+        }
+        holders.sort_by_key(|holder| holder.token);
+        Ok(holders)
+    }
+
+    /// Keys starting with `prefix` whose parents (of any primitive) still hold lock nodes
+    /// (held, queued or left behind). Empty parents are not counted: the server reaps them.
+    /// Distlock layout only.
     async fn stored_keys(&self, prefix: &str) -> Result<Vec<String>> {
         let control = &self.inner.control;
         let root = &self.inner.config.root;
@@ -913,7 +1065,7 @@ impl LockBackend for ZkBackend {
         };
         let keys: Vec<(String, String)> = names
             .into_iter()
-            .filter_map(|name| decode_key(&name).map(|key| (name, key)))
+            .filter_map(|name| key_of_parent(&name).map(|key| (name, key)))
             .filter(|(_, key)| key.starts_with(prefix))
             .collect();
         let found: Vec<Result<Option<String>>> = futures_util::stream::iter(keys)
@@ -932,6 +1084,8 @@ impl LockBackend for ZkBackend {
             .filter_map(Result::transpose)
             .collect::<Result<_>>()?;
         keys.sort();
+        // A key's mutex, semaphore and reader-writer lock are three parents.
+        keys.dedup();
         Ok(keys)
     }
 
@@ -994,8 +1148,12 @@ impl LockBackend for ZkBackend {
             return Ok(Turn::NotQueued);
         };
         Ok(match self.place(&own).await? {
-            Place::First => Turn::Granted(self.grant(lease, &own)),
+            Place::First => Turn::Granted(self.take(lease, &own).await?),
             Place::Behind => Turn::Waiting,
+            Place::Refused(err) => {
+                let _ = self.remove(lease, &own).await?;
+                return Err(err);
+            }
             Place::Gone => {
                 self.forget(lease);
                 Turn::NotQueued
@@ -1017,7 +1175,7 @@ impl LockBackend for ZkBackend {
         };
         let client = own.session.client()?;
         Ok(Some(Box::new(TurnWatch::new(
-            client, own.parent, own.name, own.ahead,
+            client, own.parent, own.name, own.key, own.ahead,
         ))))
     }
 

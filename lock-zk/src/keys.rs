@@ -132,11 +132,17 @@ pub(crate) fn record_path(root: &str, key: &LockKey) -> String {
     format!("{}/{}", records_dir(root), encode_key(key.as_str()))
 }
 
-/// The name prefix of `lease`'s node (the server appends the sequence).
+/// The name prefix of `lease`'s mutex node (the server appends the sequence).
 pub(crate) fn node_prefix(lease: LeaseId) -> String {
+    format!("{}lock-", protected(lease))
+}
+
+/// Curator's protected-mode start of a node name, `_c_<lease id as a UUID>-`: what tells
+/// a node's creator, whatever the recipe's name that follows.
+pub(crate) fn protected(lease: LeaseId) -> String {
     let hex = lease.to_string();
     format!(
-        "_c_{}-{}-{}-{}-{}-lock-",
+        "_c_{}-{}-{}-{}-{}-",
         &hex[..8],
         &hex[8..12],
         &hex[12..16],

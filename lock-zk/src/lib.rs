@@ -24,6 +24,7 @@ mod error;
 mod keys;
 mod records;
 mod session;
+mod shared;
 mod watch;
 
 use std::sync::Arc;

@@ -20,6 +20,8 @@ pub mod processes;
 pub mod recovery;
 pub mod renewal;
 pub mod sessions;
+pub mod sets;
+pub mod shared;
 pub mod waiting;
 
 /// What a backend under test offers: its capabilities, and what its factory can build.
@@ -116,6 +118,12 @@ pub enum Needs {
     OnceHolds,
     /// No [`Capabilities::once_holds`]: the refusal is what is checked.
     NoOnceHolds,
+    /// [`Capabilities::shared_holds`]: semaphores and reader-writer locks.
+    SharedHolds,
+    /// No [`Capabilities::shared_holds`]: the refusal is what is checked.
+    NoSharedHolds,
+    /// [`Capabilities::atomic_sets`]: lock sets taken in one store step.
+    AtomicSets,
 }
 
 impl Needs {
@@ -167,6 +175,15 @@ impl Needs {
             }
             Needs::OtherProcess if !offers.other_process => {
                 Err("the store lives inside the test process: no other process can reach it")
+            }
+            Needs::SharedHolds if !caps.shared_holds => {
+                Err("the store keeps no semaphores or reader-writer locks")
+            }
+            Needs::NoSharedHolds if caps.shared_holds => {
+                Err("the store keeps semaphores and reader-writer locks")
+            }
+            Needs::AtomicSets if !caps.atomic_sets => {
+                Err("the store takes a lock set one key at a time")
             }
             Needs::Records if !caps.records => Err("the store keeps no idempotency records"),
             Needs::NoRecords if caps.records => {
@@ -291,4 +308,20 @@ scenarios! {
     loss::shutdown_frees_every_key_at_once => Nothing,
     loss::cut_session_link_warns_before_the_loss => SessionLink,
     loss::session_ended_by_the_store_is_lost_as_session_ended => SessionEnd,
+    shared::semaphore_never_admits_more_than_its_limit => SharedHolds,
+    shared::semaphore_admits_exactly_its_limit => SharedHolds,
+    shared::semaphore_limit_disagreement_is_refused => SharedHolds,
+    shared::crashed_permit_holder_frees_its_permit_by_ttl => SharedHolds,
+    shared::permit_loss_precedes_the_rivals_grant => SharedHolds & LeaseTtl,
+    shared::readers_share_and_writers_exclude => SharedHolds,
+    shared::readers_and_writers_never_overlap => SharedHolds,
+    shared::waiting_writer_is_not_starved_by_readers => SharedHolds,
+    shared::cancelled_shared_acquisitions_leave_nothing => SharedHolds,
+    shared::owner_downgrades_but_never_upgrades => SharedHolds & Reentrancy,
+    shared::shared_holds_are_refused_cleanly => NoSharedHolds,
+    sets::lock_set_is_all_or_none => Nothing,
+    sets::lock_sets_in_opposite_orders_do_not_deadlock => Nothing,
+    sets::cancelled_lock_set_leaves_nothing => Nothing,
+    sets::lost_member_fires_the_sets_lost => LeaseTtl,
+    sets::atomic_lock_set_waits_holding_nothing => AtomicSets,
 }

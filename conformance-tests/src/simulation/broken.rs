@@ -79,6 +79,9 @@ impl LockBackend for Broken {
         let grant = self.inner.try_acquire(request).await?;
         self.broken(request.key(), grant).await
     }
+    async fn try_acquire_all(&self, requests: &[AcquireRequest]) -> Result<Option<Vec<Grant>>> {
+        self.inner.try_acquire_all(requests).await
+    }
     async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<Ownership> {
         self.inner.renew(key, lease_id, ttl).await
     }
@@ -93,6 +96,9 @@ impl LockBackend for Broken {
     }
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
         self.inner.inspect(key).await
+    }
+    async fn holders(&self, key: &LockKey) -> Result<Vec<HolderInfo>> {
+        self.inner.holders(key).await
     }
     async fn list_held(&self, prefix: &str, limit: usize) -> Result<Vec<(LockKey, HolderInfo)>> {
         self.inner.list_held(prefix, limit).await

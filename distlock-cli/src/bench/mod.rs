@@ -2,6 +2,7 @@
 
 mod progress;
 mod report;
+mod shared;
 mod stats;
 mod svg;
 mod workload;
@@ -68,31 +69,42 @@ pub async fn bench(args: BenchArgs, stores: Vec<String>) -> Result<u8, Failure> 
     Ok(0)
 }
 
-/// All three workloads on one store.
+/// Every workload on one store (the shared ones where the store keeps shared holds).
 async fn measure(url: &str, plan: &Plan, progress: &Progress) -> Result<StoreResult, Failure> {
     let shown = distlock::redact_url(url);
     let name = report::short_name(&shown);
     progress.store(&name);
     let failed = |err: distlock::Error| Failure::from_store_error(&err, url);
-    let mut clients: Vec<LockClient> = Vec::with_capacity(plan.tasks);
-    for _ in 0..plan.tasks {
+    let wanted = plan.tasks.max(shared::SEMAPHORE_TASKS);
+    let mut clients: Vec<LockClient> = Vec::with_capacity(wanted);
+    for _ in 0..wanted {
         clients.push(store::connect(url).await?);
     }
     let uncontended = workload::uncontended(&clients[0], plan, progress)
         .await
         .map_err(failed)?;
-    let distinct_keys = workload::distinct_keys(&clients, plan, progress)
+    let distinct_keys = workload::distinct_keys(&clients[..plan.tasks], plan, progress)
         .await
         .map_err(failed)?;
-    let one_key = workload::one_key(&clients, plan, progress)
+    let one_key = workload::one_key(&clients[..plan.tasks], plan, progress)
         .await
         .map_err(failed)?;
+    let shared = if clients[0].capabilities().shared_holds {
+        Some(
+            shared::measure(&clients, plan, progress)
+                .await
+                .map_err(failed)?,
+        )
+    } else {
+        None
+    };
     Ok(StoreResult {
         name,
         store: shown,
         uncontended,
         distinct_keys,
         one_key,
+        shared,
     })
 }
 

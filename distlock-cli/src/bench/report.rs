@@ -20,6 +20,8 @@ pub struct StoreResult {
     pub distinct_keys: Throughput,
     /// Tasks on one key.
     pub one_key: Handovers,
+    /// The semaphore and reader-writer workloads; `None` on a store that refuses them.
+    pub shared: Option<super::shared::SharedResult>,
 }
 
 impl Throughput {
@@ -134,6 +136,17 @@ pub fn table(plan: &Plan, results: &[StoreResult]) -> String {
          TTL {:?}\n",
         plan.runs, plan.duration, plan.ttl
     ));
+    let shared: Vec<_> = results
+        .iter()
+        .map(|result| {
+            (
+                result.name.clone(),
+                result.uncontended,
+                result.shared.clone(),
+            )
+        })
+        .collect();
+    out.push_str(&super::shared::table(plan, &shared));
     out
 }
 
@@ -161,6 +174,7 @@ pub fn to_json(plan: &Plan, results: &[StoreResult]) -> serde_json::Value {
                     "handovers_per_s": one.per_second(),
                     "release_to_next_holder": one.latency.map(Distribution::to_json),
                 },
+                "shared": super::shared::to_json(plan, result.shared.as_ref()),
             })
         })
         .collect();

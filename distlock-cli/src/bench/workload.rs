@@ -189,7 +189,9 @@ fn lock(book: &Mutex<Book>) -> std::sync::MutexGuard<'_, Book> {
 }
 
 /// Every task's result; the first error (a panicked task is an internal error).
-async fn join_all<T: 'static>(mut set: JoinSet<Result<T, Error>>) -> Result<Vec<T>, Error> {
+pub(super) async fn join_all<T: 'static>(
+    mut set: JoinSet<Result<T, Error>>,
+) -> Result<Vec<T>, Error> {
     let mut results = Vec::with_capacity(set.len());
     while let Some(joined) = set.join_next().await {
         let result = joined.map_err(|err| {

@@ -354,3 +354,29 @@ fn drain(lines: &Receiver<String>) -> String {
     }
     out
 }
+
+/// A `distlock run` that holds `key` until its stdin is closed, after printing
+/// `held TOKEN`.
+pub fn holder(store: &Store, key: &str, extra: &[&str]) -> (Running, u64) {
+    let mut args = vec!["run"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&[
+        key,
+        "-c",
+        "echo \"held $DISTLOCK_TOKEN\"; read _; echo released",
+    ]);
+    let running = Running::spawn(store.distlock(&args));
+    let line = running.line();
+    let token = line
+        .strip_prefix("held ")
+        .and_then(|token| token.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+    (running, token)
+}
+
+/// Lets a [`holder`] go and checks it released cleanly.
+pub fn let_go(holder: Running) {
+    drop(holder.stdin_handle());
+    assert_eq!(holder.line(), "released");
+    assert_eq!(holder.exit_code(), 0, "{}", holder.rest_of_stderr());
+}

@@ -76,16 +76,50 @@ impl LockClient {
     /// [`AcquireOptions::default`](crate::AcquireOptions): waiting for as long as the key
     /// is held), to refine and [`acquire`](LockRequest::acquire).
     pub fn lock(&self, key: impl AsRef<str>) -> LockRequest {
-        LockRequest {
-            request: self.client.lock(key),
-            runtime: Arc::clone(&self.runtime),
-        }
+        self.request(self.client.lock(key))
     }
 
     /// A request for `key` that does not wait: a held key is
     /// [`ErrorKind::HeldByAnother`](crate::ErrorKind::HeldByAnother).
     pub fn try_lock(&self, key: impl AsRef<str>) -> LockRequest {
         self.lock(key).no_wait()
+    }
+
+    /// A request for one of `permits` permits of the semaphore `key`; see
+    /// [`LockClient::semaphore`](crate::LockClient::semaphore).
+    ///
+    /// ```
+    /// # fn main() -> distlock::Result<()> {
+    /// let client = distlock::blocking::connect("memory://blocking-semaphore")?;
+    /// let first = client.semaphore("encoders", 2).acquire()?;
+    /// let second = client.semaphore("encoders", 2).acquire()?;
+    /// assert!(client.semaphore("encoders", 2).no_wait().acquire().is_err());
+    /// first.release()?;
+    /// second.release()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn semaphore(&self, key: impl AsRef<str>, permits: u32) -> LockRequest {
+        self.request(self.client.semaphore(key, permits))
+    }
+
+    /// A request for the read side of the reader-writer lock `key`; see
+    /// [`LockClient::read_lock`](crate::LockClient::read_lock).
+    pub fn read_lock(&self, key: impl AsRef<str>) -> LockRequest {
+        self.request(self.client.read_lock(key))
+    }
+
+    /// A request for the write side of the reader-writer lock `key`; see
+    /// [`LockClient::write_lock`](crate::LockClient::write_lock).
+    pub fn write_lock(&self, key: impl AsRef<str>) -> LockRequest {
+        self.request(self.client.write_lock(key))
+    }
+
+    fn request(&self, request: crate::LockRequest) -> LockRequest {
+        LockRequest {
+            request,
+            runtime: Arc::clone(&self.runtime),
+        }
     }
 
     /// Who holds `key` right now (token, remaining TTL, waiters, label where the store

@@ -78,6 +78,11 @@ pub struct Capabilities {
     /// Where [`shared_holds`](Self::shared_holds) is off, why: said in the error that
     /// refuses a semaphore or a reader-writer lock.
     pub shared_holds_refusal: Option<&'static str>,
+    /// The store takes a lock set in one atomic step
+    /// ([`try_acquire_all`](crate::backend::LockBackend::try_acquire_all)): all keys or
+    /// none, never some of them held while the set waits for the others. Without it the
+    /// core takes a set's keys one at a time in canonical order.
+    pub atomic_sets: bool,
 }
 
 impl Default for Capabilities {
@@ -102,6 +107,7 @@ impl Default for Capabilities {
             detached_holds: false,
             shared_holds: false,
             shared_holds_refusal: None,
+            atomic_sets: false,
         }
     }
 }

@@ -283,6 +283,19 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
     /// jumps the queue: while anyone queues for the key it grants nothing.
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>>;
 
+    /// Backends with [`atomic_sets`](Capabilities::atomic_sets): grants every request
+    /// (mutex keys, each as [`try_acquire`](Self::try_acquire) would grant it alone, a
+    /// retry of the same lease ids included) in one atomic step, or none of them: `Ok(None)`
+    /// when another live lease holds any of the keys, changing nothing. Grants come in the
+    /// order of `requests`.
+    async fn try_acquire_all(&self, requests: &[AcquireRequest]) -> Result<Option<Vec<Grant>>> {
+        let _ = requests;
+        Err(Error::new(
+            ErrorKind::Unsupported,
+            format!("{} cannot take a set of keys in one step", self.name()),
+        ))
+    }
+
     /// Extends the live lease `lease_id` on `key` to `ttl` from now. Answers
     /// [`Ownership::NotHeld`] when that lease is not live in the store (expired, released
     /// or replaced): the lease is lost, and nothing is changed. On a session backend, proves the lease's entry and
@@ -462,6 +475,16 @@ pub trait LockBackendExt: LockBackend {
         timeout: Duration,
     ) -> impl Future<Output = Result<Lease>> + Send;
 
+    /// One attempt at a whole set ([`LockBackend::try_acquire_all`]), with the same
+    /// bookkeeping as [`acquire_once`](Self::acquire_once) for every key: a held key is
+    /// [`ErrorKind::HeldByAnother`]; a grant of any key arriving after its local deadline
+    /// makes the attempt unanswered.
+    fn acquire_all_once(
+        &self,
+        requests: &[AcquireRequest],
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Vec<Lease>>> + Send;
+
     /// A queued waiter's attempt ([`LockBackend::try_acquire_queued`]), with the same
     /// bookkeeping as [`acquire_once`](Self::acquire_once).
     fn acquire_queued_once(
@@ -508,6 +531,73 @@ impl<B: LockBackend + ?Sized> LockBackendExt for B {
             Some(grant) => request.checked_on_arrival(request.grant(grant, sent_at)),
             None => Err(held_by_another(request.key())),
         }
+    }
+
+    async fn acquire_all_once(
+        &self,
+        requests: &[AcquireRequest],
+        timeout: Duration,
+    ) -> Result<Vec<Lease>> {
+        let Some(first) = requests.first() else {
+            return Ok(Vec::new());
+        };
+        let prepared: Vec<AcquireRequest> = requests
+            .iter()
+            .map(|request| {
+                self.capabilities().check_ttl(request.ttl())?;
+                Ok(request.prepared(self.capabilities()).into_owned())
+            })
+            .collect::<Result<_>>()?;
+        let sent_at = crate::values::clock::now();
+        // Counted on the first request for the whole set: they travel together.
+        let reply = first
+            .attempt(within(
+                self.name(),
+                sent_at,
+                timeout,
+                "acquire",
+                self.try_acquire_all(&prepared),
+            ))
+            .await;
+        if reply
+            .as_ref()
+            .is_err_and(|err| err.kind() == ErrorKind::Unavailable)
+        {
+            requests.iter().for_each(AcquireRequest::note_unanswered);
+        }
+        let Some(grants) = reply? else {
+            return Err(Error::new(
+                ErrorKind::HeldByAnother,
+                format!(
+                    "a key of the set {:?}",
+                    requests
+                        .iter()
+                        .map(|r| r.key().as_str())
+                        .collect::<Vec<_>>()
+                ),
+            ));
+        };
+        let leases: Vec<Lease> = requests
+            .iter()
+            .zip(grants)
+            .map(|(request, grant)| request.grant(grant, sent_at))
+            .collect();
+        if leases.len() != requests.len() {
+            return Err(Error::new(
+                ErrorKind::Internal,
+                format!(
+                    "{} granted a set of {} keys {} grants",
+                    self.name(),
+                    requests.len(),
+                    leases.len()
+                ),
+            ));
+        }
+        requests
+            .iter()
+            .zip(leases)
+            .map(|(request, lease)| request.checked_on_arrival(lease))
+            .collect()
     }
 
     async fn acquire_queued_once(
@@ -619,6 +709,12 @@ macro_rules! forward_backend {
             }
             async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
                 (**self).try_acquire(request).await
+            }
+            async fn try_acquire_all(
+                &self,
+                requests: &[AcquireRequest],
+            ) -> Result<Option<Vec<Grant>>> {
+                (**self).try_acquire_all(requests).await
             }
             async fn renew(
                 &self,

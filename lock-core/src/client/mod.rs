@@ -3,6 +3,7 @@
 pub(crate) mod guard;
 pub(crate) mod owner;
 pub(crate) mod request;
+pub(crate) mod set;
 pub(crate) mod status;
 
 pub use guard::LockGuard;
@@ -11,6 +12,7 @@ pub use guard::LockGuard;
 pub type Permit = LockGuard;
 pub use owner::LockOwner;
 pub use request::LockRequest;
+pub use set::{LockSet, LockSetRequest};
 pub use status::LockStatus;
 
 use std::future::Future;
@@ -161,6 +163,42 @@ impl LockClient {
     /// ```
     pub fn write_lock(&self, key: impl AsRef<str>) -> LockRequest {
         self.held_as(key, HoldKind::Write)
+    }
+
+    /// A request for every key of `keys` as one: all or none. Refine it like
+    /// [`lock`](Self::lock)'s (the options apply to every key; the wait bounds the whole
+    /// set) and `.await` it for a [`LockSet`], which holds a lease and token per key and
+    /// gives them back together.
+    ///
+    /// The keys are taken one at a time in sorted order (each once), so callers whose
+    /// sets overlap cannot deadlock; a set that cannot be completed within its wait gives
+    /// back what it had taken. An empty set is
+    /// [`ErrorKind::InvalidInput`](crate::ErrorKind).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lock_core::Result<()> {
+    /// use lock_core::{LockClient, MemoryBackend};
+    ///
+    /// let client = LockClient::new(MemoryBackend::new());
+    /// let transfer = client.lock_all(["accounts/b", "accounts/a"]).await?;
+    /// assert_eq!(transfer.keys().map(|key| key.as_str()).collect::<Vec<_>>(), ["accounts/a", "accounts/b"]);
+    /// assert!(client.try_lock("accounts/a").await.is_err());
+    /// transfer.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn lock_all<I, K>(&self, keys: I) -> LockSetRequest
+    where
+        I: IntoIterator<Item = K>,
+        K: AsRef<str>,
+    {
+        LockRequest::new(
+            Arc::clone(&self.core),
+            None,
+            set::canonical(keys),
+            self.defaults.clone(),
+        )
     }
 
     fn held_as(&self, key: impl AsRef<str>, kind: HoldKind) -> LockRequest {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use crate::client::request::LockRequest;
 use crate::engine::reentry::OwnerState;
 use crate::engine::ClientCore;
-use crate::values::key::LockKey;
+use crate::values::key::{HoldKind, LockKey};
 use crate::values::options::AcquireOptions;
 
 /// A reentrant lock owner. Clones are the same owner, so it can be shared across tasks.
@@ -65,6 +65,37 @@ impl LockOwner {
     /// A request that does not wait for a key held by someone else.
     pub fn try_lock(&self, key: impl AsRef<str>) -> LockRequest {
         self.lock(key).no_wait()
+    }
+
+    /// A request for one permit of the semaphore `key` of `permits` permits
+    /// ([`LockClient::semaphore`](crate::LockClient::semaphore)) on behalf of this owner,
+    /// who re-enters a permit it holds.
+    pub fn semaphore(&self, key: impl AsRef<str>, permits: u32) -> LockRequest {
+        self.held_as(key, HoldKind::Permit { limit: permits })
+    }
+
+    /// A request for the read side of the reader-writer lock `key` on behalf of this
+    /// owner. An owner that holds the write lock gets it at once, sharing its write hold
+    /// (a downgrade: release both guards to give the lock back).
+    pub fn read_lock(&self, key: impl AsRef<str>) -> LockRequest {
+        self.held_as(key, HoldKind::Read)
+    }
+
+    /// A request for the write side of the reader-writer lock `key` on behalf of this
+    /// owner. An owner that holds only the read lock is refused at once with
+    /// [`ErrorKind::InvalidInput`](crate::ErrorKind): an upgrade would wait for its own
+    /// read hold for ever.
+    pub fn write_lock(&self, key: impl AsRef<str>) -> LockRequest {
+        self.held_as(key, HoldKind::Write)
+    }
+
+    fn held_as(&self, key: impl AsRef<str>, kind: HoldKind) -> LockRequest {
+        LockRequest::new(
+            Arc::clone(&self.core),
+            Some(Arc::clone(&self.state)),
+            LockKey::new(key).and_then(|key| key.held_as(kind)),
+            self.defaults.clone(),
+        )
     }
 
     /// How many unreleased entries this owner has on `key` (0 when it does not hold it).

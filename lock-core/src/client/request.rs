@@ -21,12 +21,16 @@ use crate::values::options::{AcquireOptions, LeaseSharing, Renewal, Wait};
 /// Options start from the client's defaults. [`options`](Self::options) replaces that
 /// base; the single-option methods ([`ttl`](Self::ttl), [`wait`](Self::wait), ...) are
 /// applied on top of the base whenever they were called, so no call order erases another.
+///
+/// The same builder serves a lock set ([`LockSetRequest`](crate::LockSetRequest), what
+/// [`LockClient::lock_all`](crate::LockClient::lock_all) returns), whose options apply to
+/// every key of the set and whose wait bounds the whole set.
 #[must_use = "a lock request does nothing until awaited"]
 #[derive(Debug)]
-pub struct LockRequest {
-    core: Arc<ClientCore>,
-    owner: Option<Arc<OwnerState>>,
-    key: Result<LockKey>,
+pub struct LockRequest<K = LockKey> {
+    pub(crate) core: Arc<ClientCore>,
+    pub(crate) owner: Option<Arc<OwnerState>>,
+    pub(crate) key: Result<K>,
     base: AcquireOptions,
     ttl: Option<Duration>,
     wait: Option<Wait>,
@@ -36,11 +40,11 @@ pub struct LockRequest {
     max_hold: Option<Duration>,
 }
 
-impl LockRequest {
+impl<K> LockRequest<K> {
     pub(crate) fn new(
         core: Arc<ClientCore>,
         owner: Option<Arc<OwnerState>>,
-        key: Result<LockKey>,
+        key: Result<K>,
         defaults: AcquireOptions,
     ) -> Self {
         LockRequest {

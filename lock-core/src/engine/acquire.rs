@@ -111,7 +111,7 @@ async fn acquire_counted(
     HeldLock::start_unless_shut_down(core, lease, options, release_again, Some(turn)).await
 }
 
-fn check_options(backend: &DynBackend, options: &AcquireOptions) -> Result<()> {
+pub(crate) fn check_options(backend: &DynBackend, options: &AcquireOptions) -> Result<()> {
     backend.capabilities().check_ttl(options.ttl)?;
     if options.drift_allowance() >= options.ttl {
         return Err(Error::invalid(format!(

@@ -17,6 +17,7 @@ pub(crate) mod poll;
 pub(crate) mod queue;
 pub(crate) mod reentry;
 pub(crate) mod renewal;
+pub(crate) mod set;
 
 /// What every clone of a client shares: the backend, the client's renewal engine, the
 /// local lines its tasks wait in, and every lease it holds (for its shutdown).

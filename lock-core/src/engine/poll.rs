@@ -11,7 +11,6 @@ use crate::backend::{Change, KeyWatch};
 use crate::defects::{self, CoreDefect};
 use crate::values::error::{Error, ErrorKind, Result};
 use crate::values::key::LockKey;
-use crate::values::lease::Lease;
 use crate::values::options::{saturating_add, WaitSpec};
 
 /// Who a store's notification wakes.
@@ -47,16 +46,16 @@ pub(crate) type Subscribing<'a> =
 /// too, later wake-ups pause with jittered backoff first, so clients woken together by one
 /// release do not retry in lock-step (quorum stores need that to break split votes). The
 /// fallback poll is jittered for the same reason.
-pub(crate) async fn wait_for_grant<'a, A, F>(
+pub(crate) async fn wait_for_grant<'a, T, A, F>(
     key: &LockKey,
     wait: &WaitSpec,
     start: WaitStart,
     subscribing: Option<Subscribing<'a>>,
     mut attempt_once: A,
-) -> Result<Lease>
+) -> Result<T>
 where
     A: FnMut(Duration) -> F,
-    F: Future<Output = Result<Lease>>,
+    F: Future<Output = Result<T>>,
 {
     let mut waiter = Waiter {
         wait,
@@ -121,9 +120,9 @@ pub(crate) struct WaitStart {
     pub store_answered: bool,
 }
 
-/// What one attempt of a wait came to.
-enum Attempted {
-    Granted(Lease),
+/// What one attempt of a wait came to: a lease (or a set's leases) when granted.
+enum Attempted<T> {
+    Granted(T),
     /// An error that ends the wait.
     GaveUp(Error),
     /// The key is still held (or the store did not answer): pause, then attempt again.
@@ -152,10 +151,10 @@ struct Waiter<'w, 'a> {
 impl Waiter<'_, '_> {
     /// One attempt, bounded by the wait too, so a silent store cannot hold a bounded
     /// waiter past its bound.
-    async fn attempt<A, F>(&mut self, attempt_once: &mut A) -> Attempted
+    async fn attempt<T, A, F>(&mut self, attempt_once: &mut A) -> Attempted<T>
     where
         A: FnMut(Duration) -> F,
-        F: Future<Output = Result<Lease>>,
+        F: Future<Output = Result<T>>,
     {
         let (wait, now) = (self.wait, crate::values::clock::now());
         // A wait whose bound went by before this attempt (spent entering a fair queue)

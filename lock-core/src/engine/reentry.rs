@@ -10,7 +10,7 @@ use crate::engine::acquire::{acquire_held, Keeping};
 use crate::engine::held::HeldLock;
 use crate::engine::ClientCore;
 use crate::values::error::{Error, ErrorKind, Result};
-use crate::values::key::LockKey;
+use crate::values::key::{HoldKind, LockKey};
 use crate::values::options::{AcquireOptions, Wait};
 
 /// The keys one reentrant owner holds or is acquiring. Shared by the owner's clones.
@@ -142,6 +142,24 @@ pub(crate) async fn acquire_reentrant(
             ),
         ));
     }
+    let key = match key.kind() {
+        // A writer may also read (a downgrade): the read re-enters its write hold, whose
+        // token is at least every reader's.
+        HoldKind::Read if owner.holds(&key.held_as(HoldKind::Write)?) > 0 => {
+            key.held_as(HoldKind::Write)?
+        }
+        // A reader asking to write would wait for itself to stop reading: refused at once.
+        HoldKind::Write
+            if owner.holds(&key) == 0 && owner.holds(&key.held_as(HoldKind::Read)?) > 0 =>
+        {
+            return Err(Error::invalid(format!(
+                "{:?}: this owner holds the read lock and asks for the write lock; an upgrade \
+                 would wait for its own read hold for ever: release the read lock first",
+                key.as_str()
+            )));
+        }
+        _ => key,
+    };
     let until = options.wait.deadline_from(crate::values::clock::now());
     let slot = Arc::clone(lock(&owner.slots).entry(key.clone()).or_default());
     let slot_use = SlotUse {
