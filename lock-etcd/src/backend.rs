@@ -22,7 +22,7 @@ use tokio::time::timeout;
 use crate::config::{EtcdConfig, Layout};
 use crate::detached::DetachedLeases;
 use crate::error::{into_error, is_lease_not_found};
-use crate::keys::{is_held, parse_value, range_end, value, KeySpace};
+use crate::keys::{parse_value, range_end, value, KeySpace};
 use crate::records::RecordLeases;
 use crate::retired::{Attempts, Sending};
 use crate::session::{EtcdSession, Sessions};
@@ -825,7 +825,9 @@ impl LockBackend for EtcdBackend {
             return Ok(Ownership::NotHeld);
         };
         // A shared key's waiter has an entry too, but holds nothing.
-        if key.primitive() != Primitive::Mutex && !is_held(entry.value()) {
+        if key.primitive() != Primitive::Mutex
+            && !self.shared_entry_holds(key, lease_id, &entry).await?
+        {
             return Ok(Ownership::NotHeld);
         }
         let detached = self.inner.detached.lease_of(lease_id);
@@ -888,7 +890,11 @@ impl LockBackend for EtcdBackend {
         // A lock with a lease of its own goes with its lease: one write, not two.
         match self.inner.sessions.revoke_own(lease_id).await {
             Some(revoked) => revoked.map(Ownership::held_if),
-            None => self.delete_entry(key, lease_id).await,
+            None => {
+                let deleted = self.delete_entry(key, lease_id).await?;
+                self.forget_marker(key, lease_id).await?;
+                Ok(deleted)
+            }
         }
     }
 
@@ -922,9 +928,15 @@ impl LockBackend for EtcdBackend {
     /// waiters) in any primitive's directories, read together in one transaction.
     async fn stored_keys(&self, key_prefix: &str) -> Result<Vec<String>> {
         let keys = &self.inner.keys;
-        let primitives = [Primitive::Mutex, Primitive::Semaphore, Primitive::RwLock];
-        let reads = primitives.map(|primitive| {
-            let start = keys.primitive_dirs_starting_with(primitive, key_prefix);
+        // The mutexes' root, the shared primitives' roots, the grant markers' root.
+        let roots = [
+            keys.root(),
+            keys.primitive_root(Primitive::Semaphore),
+            keys.primitive_root(Primitive::RwLock),
+            keys.markers_root(),
+        ];
+        let reads = roots.clone().map(|root| {
+            let start = keys.starting_with(root, key_prefix);
             let options = GetOptions::new()
                 .with_range(range_end(&start))
                 .with_keys_only();
@@ -933,16 +945,14 @@ impl LockBackend for EtcdBackend {
         let found = self
             .call("listing keys", self.kv().txn(Txn::new().and_then(reads)))
             .await?;
-        let mut keys: Vec<String> = primitives
+        let mut keys: Vec<String> = roots
             .iter()
             .enumerate()
-            .flat_map(|(at, primitive)| {
-                read(&found, at)
-                    .into_iter()
-                    .filter_map(move |kv| match primitive {
-                        Primitive::Mutex => keys.user_key(kv.key()),
-                        shared => keys.shared_user_key(*shared, kv.key()),
-                    })
+            .flat_map(|(at, root)| {
+                read(&found, at).into_iter().filter_map(move |kv| match at {
+                    0 => keys.user_key(kv.key()),
+                    _ => keys.user_key_under(root, kv.key()),
+                })
             })
             .collect();
         keys.sort();
@@ -1069,7 +1079,10 @@ impl LockBackend for EtcdBackend {
     async fn leave_queue(&self, key: &LockKey, lease_id: LeaseId) -> Result<()> {
         match self.inner.sessions.revoke_own(lease_id).await {
             Some(revoked) => revoked.map(drop),
-            None => self.delete_entry(key, lease_id).await.map(drop),
+            None => {
+                self.delete_entry(key, lease_id).await.map(drop)?;
+                self.forget_marker(key, lease_id).await
+            }
         }
     }
 

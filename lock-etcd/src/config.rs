@@ -11,11 +11,6 @@ const DEFAULT_PORT: u16 = 2379;
 /// The URL schemes [`EtcdConfig::from_url`] accepts.
 pub(crate) const SCHEMES: &[&str] = &["etcd"];
 
-/// Why the etcd-mutex layout keeps no semaphores or reader-writer locks.
-pub(crate) const ETCD_MUTEX_SHARED_REFUSAL: &str =
-    "the etcd-mutex layout keeps only etcd's mutex; semaphores and reader-writer locks \
-     need layout=distlock";
-
 /// How entries of one lock are laid out in etcd.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Layout {
@@ -156,10 +151,9 @@ impl EtcdConfig {
             // A lock entry on an etcd lease of its own that nothing keeps alive
             // (`detached.rs`).
             detached_holds: true,
-            // Semaphores and reader-writer locks in fair queues of their own (`shared.rs`).
-            shared_holds: self.layout == Layout::Distlock,
-            shared_holds_refusal: (self.layout == Layout::EtcdMutex)
-                .then_some(ETCD_MUTEX_SHARED_REFUSAL),
+            // Semaphores and reader-writer locks in fair queues of their own (`shared.rs`);
+            // the etcd-mutex layout refuses semaphores (`keys.rs`).
+            shared_holds: true,
             ..Capabilities::default()
         }
     }

@@ -29,14 +29,15 @@ impl KeySpace {
     }
 
     /// Refuses a key the layout cannot keep apart from others: in the etcd-mutex layout
-    /// the range of `a` covers `a/b`, so keys with `/` are refused there. That layout
-    /// keeps mutexes only (the core refuses the other primitives first, from the
-    /// capabilities).
+    /// the range of `a` covers `a/b`, so keys with `/` are refused there. That layout has
+    /// no semaphores (etcd has none to lay one out as): `Unsupported`.
     pub(crate) fn check(&self, key: &LockKey) -> lock_core::Result<()> {
-        if self.layout == Layout::EtcdMutex && key.primitive() != Primitive::Mutex {
+        if self.layout == Layout::EtcdMutex && key.primitive() == Primitive::Semaphore {
             return Err(lock_core::Error::new(
                 lock_core::ErrorKind::Unsupported,
-                format!("etcd: {}", crate::config::ETCD_MUTEX_SHARED_REFUSAL),
+                "etcd: the etcd-mutex layout keeps etcd's mutex and the reader-writer lock of \
+                 its Go recipes, and etcd has no semaphore to lay one out as; semaphores \
+                 need layout=distlock",
             ));
         }
         if self.layout == Layout::EtcdMutex && key.as_str().contains('/') {
@@ -155,28 +156,49 @@ impl KeySpace {
         self.decode(&rest[..end])
     }
 
-    /// The user key a semaphore's or reader-writer lock's entry belongs to: its name is
-    /// the first part after the primitive's root (the entry's kind part follows).
-    pub(crate) fn shared_user_key(&self, primitive: Primitive, etcd_key: &[u8]) -> Option<String> {
-        let rest = etcd_key.strip_prefix(self.primitive_root(primitive).as_slice())?;
+    /// The user key an entry under `root` (a shared primitive's, or the grant markers')
+    /// belongs to: its name is the first part after the root.
+    pub(crate) fn user_key_under(&self, root: &[u8], etcd_key: &[u8]) -> Option<String> {
+        let rest = etcd_key.strip_prefix(root)?;
         let end = rest.iter().position(|b| *b == b'/')?;
         self.decode(&rest[..end])
+    }
+
+    /// Where the grant markers of the etcd-mutex layout's reader-writer locks are:
+    /// `<prefix>#granted/`, outside every lock's directory (etcd's Go `recipe.RWMutex`
+    /// counts every key under its name as an entry).
+    pub(crate) fn markers_root(&self) -> Vec<u8> {
+        let mut root = self.prefix.as_bytes().to_vec();
+        root.extend_from_slice(b"#granted/");
+        root
+    }
+
+    /// The grant marker of `lease_id`'s hold of `key`, under
+    /// [`markers_root`](Self::markers_root).
+    pub(crate) fn marker(&self, key: &LockKey, lease_id: LeaseId) -> Vec<u8> {
+        let mut marker = self.markers(key);
+        marker.extend_from_slice(lease_id.to_string().as_bytes());
+        marker
+    }
+
+    /// The directory of `key`'s grant markers.
+    pub(crate) fn markers(&self, key: &LockKey) -> Vec<u8> {
+        let mut dir = self.markers_root();
+        self.push_name(&mut dir, key.as_str());
+        dir.push(b'/');
+        dir
     }
 
     /// Where the directories of every user key starting with `key_prefix` begin: every
     /// such directory, and no other key's, starts with it (in the distlock layout; in the
     /// etcd-mutex layout the range may also hold other keys, to be filtered by name).
     pub(crate) fn dirs_starting_with(&self, key_prefix: &str) -> Vec<u8> {
-        self.primitive_dirs_starting_with(Primitive::Mutex, key_prefix)
+        self.starting_with(self.root(), key_prefix)
     }
 
-    /// [`dirs_starting_with`](Self::dirs_starting_with) among `primitive`'s directories.
-    pub(crate) fn primitive_dirs_starting_with(
-        &self,
-        primitive: Primitive,
-        key_prefix: &str,
-    ) -> Vec<u8> {
-        let mut start = self.primitive_root(primitive);
+    /// [`dirs_starting_with`](Self::dirs_starting_with) under another `root`.
+    pub(crate) fn starting_with(&self, root: Vec<u8>, key_prefix: &str) -> Vec<u8> {
+        let mut start = root;
         self.push_name(&mut start, key_prefix);
         start
     }
@@ -383,11 +405,12 @@ mod tests {
                 let rest = entry.strip_prefix(space.dir(&key).as_slice()).unwrap();
                 assert_eq!(kind_of(rest), Some(kind));
                 assert_eq!(space.known_entry(&key, id), Some(entry.clone()));
-                let primitive = key.primitive();
-                assert_eq!(
-                    space.shared_user_key(primitive, &entry).as_deref(),
-                    Some("k")
-                );
+                let root = space.primitive_root(key.primitive());
+                assert_eq!(space.user_key_under(&root, &entry).as_deref(), Some("k"));
+                let marker = space.marker(&key, id);
+                let root = space.markers_root();
+                assert_eq!(space.user_key_under(&root, &marker).as_deref(), Some("k"));
+                assert!(!marker.starts_with(&space.dir(&key)));
             }
         }
         assert_eq!(kind_of(b"0/x"), None);

@@ -9,11 +9,16 @@
 //! when no write entry is ahead of it, a write when it is first. Entries ahead of one only
 //! ever leave (new ones are created behind it), so a turn once come stays.
 //!
-//! Every grant is a write in the directory: an unqueued try creates its entry `held`, a
-//! waiter whose turn came rewrites its entry `held` (a put keeps the create revision, so
-//! it keeps its place). The token is that write's revision, the entry's mod revision from
-//! then on: above every token granted before for the key, whichever waiter comes back
-//! first.
+//! Every grant is a write: an unqueued try creates its entry `held`, a waiter whose turn
+//! came rewrites its entry `held` (a put keeps the create revision, so it keeps its
+//! place). The token is that write's revision, the entry's mod revision from then on:
+//! above every token granted before for the key, whichever waiter comes back first.
+//!
+//! The etcd-mutex layout keeps reader-writer locks as etcd's Go `recipe.RWMutex` does
+//! (`<name>/read/…`, `<name>/write/…`, never rewritten: the recipe orders entries by mod
+//! revision), so there a grant is marked apart: a key `<prefix>#granted/<name>/<lease id>`
+//! on the entry's etcd lease, put by the grant (its revision the token) and gone with the
+//! entry's lease. The recipe's own entries hold by the rank rules alone.
 
 use std::collections::{HashMap, HashSet};
 
@@ -22,10 +27,11 @@ use etcd_client::{
     TxnResponse,
 };
 use lock_core::backend::{AcquireRequest, Grant, HolderInfo, KeyWatch, Turn};
-use lock_core::{Error, ErrorKind, FencingToken, HoldKind, LockKey, Result};
+use lock_core::{Error, ErrorKind, FencingToken, HoldKind, LeaseId, LockKey, Result};
 
 use crate::backend::{read, revision_of, Attempt, EtcdBackend};
-use crate::keys::{is_held, kind_of, kind_part, parse_value, range_end, shared_value};
+use crate::config::Layout;
+use crate::keys::{is_held, kind_of, kind_part, parse_value, range_end, shared_value, value};
 use crate::watch::ShareWatch;
 
 impl EtcdBackend {
@@ -52,6 +58,13 @@ impl EtcdBackend {
         kind: HoldKind,
     ) -> Result<Option<Grant>> {
         let (from, end) = blockers(&attempt.dir, kind);
+        let marker = self.marker(request.key(), request.lease_id());
+        let mut then = vec![self.put_shared(request, attempt, true)];
+        let mut otherwise = vec![TxnOp::get(attempt.entry.clone(), None)];
+        if let Some(marker) = &marker {
+            then.push(put_marker(marker, attempt.session.lease));
+            otherwise.push(TxnOp::get(marker.clone(), None));
+        }
         let txn = Txn::new()
             .when([
                 Compare::create_revision(from, CompareOp::Equal, 0).with_range(end),
@@ -59,15 +72,16 @@ impl EtcdBackend {
                 Compare::create_revision(attempt.entry.clone(), CompareOp::Equal, 0),
                 self.not_retired(request, attempt),
             ])
-            .and_then([self.put_shared(request, attempt, true)])
-            .or_else([TxnOp::get(attempt.entry.clone(), None)]);
+            .and_then(then)
+            .or_else(otherwise);
         let response = self
             .send_acquisition("acquiring", request, attempt, txn)
             .await?;
         if response.succeeded() {
             return Self::grant(revision_of(&response), attempt).map(Some);
         }
-        granted_before(read(&response, 0).first(), attempt)
+        let (own, marked) = (read(&response, 0), read(&response, 1));
+        granted_before(own.first(), marked.first(), marker.is_some(), attempt)
     }
 
     /// A permit when fewer than `limit` entries are in the semaphore's directory: read,
@@ -91,7 +105,7 @@ impl EtcdBackend {
                 .iter()
                 .find(|kv| kv.key() == attempt.entry.as_slice())
             {
-                return granted_before(Some(own), attempt);
+                return granted_before(Some(own), None, false, attempt);
             }
             if let Some(other) = entries.iter().find_map(|kv| other_limit(dir, kv, limit)) {
                 return Err(limit_disagreement(request.key(), limit, other));
@@ -213,6 +227,11 @@ impl EtcdBackend {
             HoldKind::Read => sorted(part(dir, HoldKind::Write), 1),
             _ => sorted(dir.clone(), 1),
         };
+        let marker = self.marker(request.key(), request.lease_id());
+        let mut look = vec![TxnOp::get(attempt.entry.clone(), None), ahead];
+        if let Some(marker) = &marker {
+            look.push(TxnOp::get(marker.clone(), None));
+        }
         loop {
             // Only a live entry may be granted (etcd issue 11456, as for the mutex).
             let txn = Txn::new()
@@ -221,13 +240,14 @@ impl EtcdBackend {
                     CompareOp::Greater,
                     0,
                 )])
-                .and_then([TxnOp::get(attempt.entry.clone(), None), ahead.clone()]);
+                .and_then(look.clone());
             let response = self.call("acquiring", self.kv().txn(txn)).await?;
             let Some(own) = read(&response, 0).into_iter().next() else {
                 return Ok(Turn::NotQueued);
             };
-            if is_held(own.value()) {
-                return Ok(Turn::Granted(Self::grant(own.mod_revision(), attempt)?));
+            let marked = read(&response, 2);
+            if let Some(token) = token_of(&own, marked.first(), marker.is_some()) {
+                return Ok(Turn::Granted(Self::grant(token, attempt)?));
             }
             let ahead = read(&response, 1);
             let my_turn = match kind {
@@ -242,20 +262,33 @@ impl EtcdBackend {
             }
             // The grant is a write, so its revision (the token) is above every grant
             // before it; only of the entry as read, still queued.
-            let txn = Txn::new()
-                .when([
-                    Compare::create_revision(
+            let same_entry = Compare::create_revision(
+                own.key().to_vec(),
+                CompareOp::Equal,
+                own.create_revision(),
+            );
+            let txn = match &marker {
+                Some(marker) => Txn::new()
+                    .when([
+                        same_entry,
+                        Compare::create_revision(marker.clone(), CompareOp::Equal, 0),
+                    ])
+                    .and_then([put_marker(marker, own.lease())]),
+                None => Txn::new()
+                    .when([
+                        same_entry,
+                        Compare::mod_revision(
+                            own.key().to_vec(),
+                            CompareOp::Equal,
+                            own.mod_revision(),
+                        ),
+                    ])
+                    .and_then([TxnOp::put(
                         own.key().to_vec(),
-                        CompareOp::Equal,
-                        own.create_revision(),
-                    ),
-                    Compare::mod_revision(own.key().to_vec(), CompareOp::Equal, own.mod_revision()),
-                ])
-                .and_then([TxnOp::put(
-                    own.key().to_vec(),
-                    shared_value(true, request.lease_id(), request.holder_label()),
-                    Some(PutOptions::new().with_lease(own.lease())),
-                )]);
+                        shared_value(true, request.lease_id(), request.holder_label()),
+                        Some(PutOptions::new().with_lease(own.lease())),
+                    )]),
+            };
             let granted = self
                 .txn_in("acquiring", &attempt.session, txn, None)
                 .await?;
@@ -279,20 +312,45 @@ impl EtcdBackend {
         ))
     }
 
-    /// Every live holder of a shared key, oldest grant (lowest token) first.
+    /// Every live holder of a shared key, oldest grant (lowest token) first, read with
+    /// the key's grant markers in one transaction.
     pub(crate) async fn holders_shared(&self, key: &LockKey) -> Result<Vec<HolderInfo>> {
-        let dir = self.inner.keys.dir(key);
-        let options = GetOptions::new().with_range(range_end(&dir));
-        let mut found = self
-            .call("reading holders", self.kv().get(dir.clone(), Some(options)))
-            .await?;
-        let entries = found.take_kvs();
-        let waiters = entries.iter().filter(|kv| !is_held(kv.value())).count();
-        let mut held: Vec<&KeyValue> = entries.iter().filter(|kv| is_held(kv.value())).collect();
-        held.sort_by_key(|kv| kv.mod_revision());
+        let keys = &self.inner.keys;
+        let (dir, markers) = (keys.dir(key), keys.markers(key));
+        let range = |from: &[u8]| {
+            let options = GetOptions::new()
+                .with_range(range_end(from))
+                .with_sort(SortTarget::Create, SortOrder::Ascend);
+            TxnOp::get(from.to_vec(), Some(options))
+        };
+        let txn = Txn::new().and_then([range(&dir), range(&markers)]);
+        let found = self.call("reading holders", self.kv().txn(txn)).await?;
+        let (entries, marked) = (read(&found, 0), read(&found, 1));
+        let held = match keys.layout() {
+            Layout::Distlock => entries
+                .iter()
+                .filter(|kv| is_held(kv.value()))
+                .map(|kv| (kv, kv.mod_revision()))
+                .collect(),
+            Layout::EtcdMutex => held_apart(&dir, &entries, &markers, &marked),
+        };
+        self.holder_infos(&dir, held, entries.len()).await
+    }
+
+    /// The holders' infos, their tokens given, in token order; `entries` in the directory
+    /// in all (the others wait). Each distinct etcd lease's TTL is read once; an entry
+    /// whose lease is gone holds nothing.
+    async fn holder_infos(
+        &self,
+        dir: &[u8],
+        mut held: Vec<(&KeyValue, i64)>,
+        entries: usize,
+    ) -> Result<Vec<HolderInfo>> {
+        held.sort_by_key(|(_, token)| *token);
+        let waiters = entries - held.len();
         let mut left: HashMap<i64, i64> = HashMap::new();
         let mut holders = Vec::with_capacity(held.len());
-        for entry in held {
+        for (entry, token) in held {
             let seconds = match left.get(&entry.lease()) {
                 Some(seconds) => *seconds,
                 None => {
@@ -301,18 +359,18 @@ impl EtcdBackend {
                     seconds
                 }
             };
-            let (Some((lease_id, holder)), Some(kind)) = (
-                parse_value(entry.value()),
-                entry.key().strip_prefix(dir.as_slice()).and_then(kind_of),
-            ) else {
+            let Some(kind) = entry.key().strip_prefix(dir).and_then(kind_of) else {
                 continue;
             };
             if seconds < 0 {
                 continue;
             }
+            let (lease_id, holder) = parse_value(entry.value())
+                // An entry of etcd's Go recipe: its etcd lease is the closest to an identity.
+                .unwrap_or((LeaseId::from_u128(entry.lease() as u128), None));
             holders.push(HolderInfo {
                 lease_id,
-                token: FencingToken::new(u64::try_from(entry.mod_revision()).unwrap_or(0)),
+                token: FencingToken::new(u64::try_from(token).unwrap_or(0)),
                 remaining_ttl: std::time::Duration::from_secs(u64::try_from(seconds).unwrap_or(0)),
                 waiters: Some(waiters),
                 holder,
@@ -322,13 +380,58 @@ impl EtcdBackend {
         Ok(holders)
     }
 
-    /// A shared entry put with the session's lease, `held` or queued.
+    /// A shared entry put with the session's lease, `held` or queued (in the etcd-mutex
+    /// layout without a state line: its grant is marked apart).
     fn put_shared(&self, request: &AcquireRequest, attempt: &Attempt, held: bool) -> TxnOp {
+        let (lease_id, label) = (request.lease_id(), request.holder_label());
+        let value = match self.inner.keys.layout() {
+            Layout::Distlock => shared_value(held, lease_id, label),
+            Layout::EtcdMutex => value(lease_id, label),
+        };
         TxnOp::put(
             attempt.entry.clone(),
-            shared_value(held, request.lease_id(), request.holder_label()),
+            value,
             Some(PutOptions::new().with_lease(attempt.session.lease)),
         )
+    }
+
+    /// Where the grant of `lease_id`'s hold of `key` is marked when its entry is never
+    /// rewritten (the etcd-mutex layout's reader-writer lock); `None` in the distlock
+    /// layout, where the entry says it.
+    fn marker(&self, key: &LockKey, lease_id: LeaseId) -> Option<Vec<u8>> {
+        let keys = &self.inner.keys;
+        (keys.layout() == Layout::EtcdMutex).then(|| keys.marker(key, lease_id))
+    }
+
+    /// Whether the shared hold `lease_id` of `key`, whose entry was read as `entry`, is
+    /// granted (rather than queued).
+    pub(crate) async fn shared_entry_holds(
+        &self,
+        key: &LockKey,
+        lease_id: LeaseId,
+        entry: &KeyValue,
+    ) -> Result<bool> {
+        let Some(marker) = self.marker(key, lease_id) else {
+            return Ok(is_held(entry.value()));
+        };
+        let options = GetOptions::new().with_keys_only();
+        let found = self
+            .call("reading a grant", self.kv().get(marker, Some(options)))
+            .await?;
+        Ok(!found.kvs().is_empty())
+    }
+
+    /// Deletes the grant marker of `lease_id`'s hold of `key`, if the layout has one: a
+    /// release that deleted the entry by name leaves the marker on a lease that lives on.
+    pub(crate) async fn forget_marker(&self, key: &LockKey, lease_id: LeaseId) -> Result<()> {
+        if key.primitive() == lock_core::Primitive::Mutex {
+            return Ok(());
+        }
+        if let Some(marker) = self.marker(key, lease_id) {
+            self.call("releasing", self.kv().delete(marker, None))
+                .await?;
+        }
+        Ok(())
     }
 
     /// Sends an acquisition's write, recorded as on its way until etcd answers (see
@@ -395,14 +498,37 @@ fn limit_disagreement(key: &LockKey, asked: u32, other: u32) -> Error {
     )
 }
 
-/// The grant of an earlier attempt whose reply was lost: its entry, if it holds.
-fn granted_before(own: Option<&KeyValue>, attempt: &Attempt) -> Result<Option<Grant>> {
-    match own {
-        Some(own) if is_held(own.value()) => {
-            EtcdBackend::grant(own.mod_revision(), attempt).map(Some)
-        }
-        _ => Ok(None),
+/// The grant of an earlier attempt whose reply was lost: its entry `own`, if it holds
+/// (with its grant `marker`, when marked `apart`).
+fn granted_before(
+    own: Option<&KeyValue>,
+    marker: Option<&KeyValue>,
+    apart: bool,
+    attempt: &Attempt,
+) -> Result<Option<Grant>> {
+    match own.and_then(|own| token_of(own, marker, apart)) {
+        Some(token) => EtcdBackend::grant(token, attempt).map(Some),
+        None => Ok(None),
     }
+}
+
+/// The token of the hold whose entry is `own`, if it is granted: its mod revision once
+/// rewritten `held`, or, marked `apart`, its grant `marker`'s revision.
+fn token_of(own: &KeyValue, marker: Option<&KeyValue>, apart: bool) -> Option<i64> {
+    if apart {
+        marker.map(KeyValue::create_revision)
+    } else {
+        is_held(own.value()).then(|| own.mod_revision())
+    }
+}
+
+/// The put of a grant marker on etcd lease `lease` (the entry's).
+fn put_marker(marker: &[u8], lease: i64) -> TxnOp {
+    TxnOp::put(
+        marker.to_vec(),
+        "",
+        Some(PutOptions::new().with_lease(lease)),
+    )
 }
 
 /// Semaphores and reader-writer locks live by the client's sessions: a detached hold (a
@@ -415,6 +541,41 @@ fn never_detached(request: &AcquireRequest) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// The holders of an etcd-mutex layout reader-writer lock whose `entries` (in create
+/// order) are in `dir` and grant markers (`marked`) in `markers`, with their tokens:
+/// distlock's entries hold when marked (the marker's revision the token), the Go recipe's
+/// by the rank rules (a read with no write entry ahead, a write first; its create
+/// revision the token).
+fn held_apart<'e>(
+    dir: &[u8],
+    entries: &'e [KeyValue],
+    markers: &[u8],
+    marked: &[KeyValue],
+) -> Vec<(&'e KeyValue, i64)> {
+    let marks: HashMap<&[u8], i64> = marked
+        .iter()
+        .filter_map(|kv| Some((kv.key().strip_prefix(markers)?, kv.create_revision())))
+        .collect();
+    let mut writer_ahead = false;
+    let mut held = Vec::new();
+    for (at, entry) in entries.iter().enumerate() {
+        let kind = entry.key().strip_prefix(dir).and_then(kind_of);
+        let token = match parse_value(entry.value()) {
+            Some((lease_id, _)) => marks.get(lease_id.to_string().as_bytes()).copied(),
+            None => match kind {
+                Some(HoldKind::Read) if !writer_ahead => Some(entry.create_revision()),
+                Some(HoldKind::Write) if at == 0 => Some(entry.create_revision()),
+                _ => None,
+            },
+        };
+        writer_ahead |= kind == Some(HoldKind::Write);
+        if let Some(token) = token {
+            held.push((entry, token));
+        }
+    }
+    held
 }
 
 /// The keys among `entries` ahead of `own` in a shared queue (sorted by create revision)
