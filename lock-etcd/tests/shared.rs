@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lock_core::{ErrorKind, HoldKind, LockClient, LockGuard, Primitive};
+use lock_core::backend::{AcquireRequest, Ownership, Turn};
+use lock_core::{ErrorKind, HoldKind, LockClient, LockGuard, LockKey, Primitive, Renewal};
 use support::{connect, etcd_url, start_etcd};
 
 const TTL: Duration = Duration::from_secs(10);
@@ -158,8 +159,17 @@ async fn a_limit_disagreement_names_both_limits() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_share_and_a_writer_excludes_them() {
+    readers_share_and_a_writer_excludes_them_in("").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_share_and_a_writer_excludes_them_in_the_etcd_mutex_layout() {
+    readers_share_and_a_writer_excludes_them_in("layout=etcd-mutex").await;
+}
+
+async fn readers_share_and_a_writer_excludes_them_in(options: &str) {
     let server = start_etcd().await;
-    let url = etcd_url(&[server.addr()], "");
+    let url = etcd_url(&[server.addr()], options);
     let probe = connect(&url).await;
     let clients = clients_of(&url, 3).await;
     let first = clients[0]
@@ -207,8 +217,17 @@ async fn readers_share_and_a_writer_excludes_them() {
 /// once, and tokens follow the grants.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_writer_goes_before_later_readers() {
+    a_waiting_writer_goes_before_later_readers_in("").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_writer_goes_before_later_readers_in_the_etcd_mutex_layout() {
+    a_waiting_writer_goes_before_later_readers_in("layout=etcd-mutex").await;
+}
+
+async fn a_waiting_writer_goes_before_later_readers_in(options: &str) {
     let server = start_etcd().await;
-    let url = etcd_url(&[server.addr()], "");
+    let url = etcd_url(&[server.addr()], options);
     let probe = connect(&url).await;
     let clients = clients_of(&url, 3).await;
     let reader = clients[0]
@@ -406,4 +425,73 @@ async fn concurrent_acquirers_never_exceed_the_limit() {
     let most = most.load(Ordering::SeqCst);
     assert!((1..=LIMIT).contains(&most), "{most} at once");
     assert!(probe.stored_keys("").await.unwrap().is_empty());
+}
+
+/// At the store: a retried try or queued attempt answers its grant again with the same
+/// token, a retried enqueue keeps one entry, a queued entry is not held (renewing it
+/// answers `NotHeld`), and the waiter's grant comes after the holder's release with a
+/// greater token. Each pair a holder's kind and a waiter's it keeps waiting, in both
+/// layouts (semaphores only in the distlock layout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_grants_and_enqueues_answer_the_same() {
+    let server = start_etcd().await;
+    let pairs = [
+        (HoldKind::Permit { limit: 1 }, HoldKind::Permit { limit: 1 }),
+        (HoldKind::Write, HoldKind::Read),
+        (HoldKind::Read, HoldKind::Write),
+    ];
+    for options in ["", "layout=etcd-mutex"] {
+        let backend = connect(&etcd_url(&[server.addr()], options)).await;
+        for (at, (holds, waits)) in pairs.into_iter().enumerate() {
+            if options.contains("etcd-mutex") && holds.primitive() == Primitive::Semaphore {
+                continue;
+            }
+            let name = LockKey::new(format!("retry-{at}")).unwrap();
+            let request = |kind| {
+                AcquireRequest::new(
+                    name.held_as(kind).unwrap(),
+                    TTL,
+                    Duration::ZERO,
+                    Renewal::Auto,
+                )
+            };
+            let holder = request(holds);
+            let first = backend.try_acquire(&holder).await.unwrap().unwrap();
+            let again = backend.try_acquire(&holder).await.unwrap().unwrap();
+            assert_eq!(first.token(), again.token(), "{options} {holds:?}");
+            let waiter = request(waits);
+            assert!(backend.try_acquire(&waiter).await.unwrap().is_none());
+            backend.enqueue(&waiter).await.unwrap();
+            backend.enqueue(&waiter).await.unwrap();
+            let holders = backend.holders(waiter.key()).await.unwrap();
+            assert_eq!(holders.len(), 1);
+            assert_eq!(holders[0].waiters, Some(1), "{options} {waits:?}");
+            assert!(matches!(
+                backend.try_acquire_queued(&waiter).await.unwrap(),
+                Turn::Waiting
+            ));
+            let renewed = backend.renew(waiter.key(), waiter.lease_id(), TTL).await;
+            assert_eq!(renewed.unwrap(), Ownership::NotHeld, "{options} {waits:?}");
+            let released = backend.release(holder.key(), holder.lease_id()).await;
+            assert_eq!(released.unwrap(), Ownership::Held);
+            let Turn::Granted(granted) = backend.try_acquire_queued(&waiter).await.unwrap() else {
+                panic!("{options} {waits:?}: not granted after the release");
+            };
+            assert!(granted.token() > first.token());
+            let Turn::Granted(again) = backend.try_acquire_queued(&waiter).await.unwrap() else {
+                panic!("{options} {waits:?}: a retry was not granted");
+            };
+            assert_eq!(granted.token(), again.token());
+            let again = backend.try_acquire(&waiter).await.unwrap().unwrap();
+            assert_eq!(granted.token(), again.token());
+            let renewed = backend.renew(waiter.key(), waiter.lease_id(), TTL).await;
+            assert_eq!(renewed.unwrap(), Ownership::Held);
+            let released = backend.release(waiter.key(), waiter.lease_id()).await;
+            assert_eq!(released.unwrap(), Ownership::Held);
+        }
+        assert!(
+            backend.stored_keys("").await.unwrap().is_empty(),
+            "{options}"
+        );
+    }
 }
