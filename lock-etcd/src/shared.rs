@@ -119,12 +119,23 @@ impl EtcdBackend {
                         .with_range(range_end(dir)),
                     self.not_retired(request, attempt),
                 ])
-                .and_then([self.put_shared(request, attempt, true)]);
+                .and_then([self.put_shared(request, attempt, true)])
+                .or_else([TxnOp::get(
+                    self.inner
+                        .keys
+                        .tombstone(attempt.session.lease, request.lease_id()),
+                    Some(GetOptions::new().with_keys_only()),
+                )]);
             let response = self
                 .send_acquisition("acquiring", request, attempt, txn)
                 .await?;
             if response.succeeded() {
                 return Self::grant(revision_of(&response), attempt).map(Some);
+            }
+            // Cleaned up already (a late attempt): nothing to grant, and no look again
+            // would change that.
+            if !read(&response, 0).is_empty() {
+                return Ok(None);
             }
         }
     }
@@ -189,7 +200,8 @@ impl EtcdBackend {
         });
         match (limit, other) {
             (Some(limit), Some(other)) => Err(limit_disagreement(request.key(), limit, other)),
-            // Only when the other entry left between the compare and the read.
+            // The reads are of the revision the compares failed at, so only an entry that is
+            // not distlock's (a name of no limit) gets here.
             _ => Err(Error::new(
                 ErrorKind::Unavailable,
                 "etcd: the queue changed while queueing; retrying",
