@@ -45,7 +45,11 @@ pub fn row(name: &str, caps: &Capabilities, label: HolderLabel) -> String {
         yes_no(caps.records),
         yes_no(caps.once_holds()),
         yes_no(caps.shared_holds),
-        if caps.atomic_sets { "atomic" } else { "in order" },
+        if caps.atomic_sets {
+            "atomic"
+        } else {
+            "in order"
+        },
     )
 }
 

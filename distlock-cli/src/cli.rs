@@ -71,6 +71,23 @@ pub enum Command {
     ))]
     Run(RunArgs),
 
+    /// Run a command while leading an election; stop it when leadership is lost.
+    #[command(after_help = format!(
+        "Campaigns for the election NAME (waiting for as long as it takes, or -w, or -n), \
+         runs the command while this process leads, and resigns when it exits. The command \
+         gets DISTLOCK_KEY (the name), DISTLOCK_TERM (the leader's term: a fencing token, \
+         greater than every earlier leader's; pass it to what only the leader may change), \
+         DISTLOCK_TOKEN (the same) and DISTLOCK_LEASE_ID. If leadership is lost while the \
+         command runs, it is stopped as `run` stops a command whose lock is lost (see \
+         --on-lost), and distlock exits 75, or with --retry campaigns again and runs the \
+         command again once elected. The leader's value (--value, default its label) is \
+         what `distlock status NAME` and other candidates' libraries see; an election \
+         and the lock of its name are one key. Job control and signals are as for `run`.\n\n\
+         Examples:\n  distlock elect scheduler -- ./scheduler --serve\n  \
+         distlock -s etcd://10.0.0.5:2379 elect --retry --value \"$HOSTNAME\" shard-7 -- ./worker\n\n{EXIT_CODES}"
+    ))]
+    Elect(ElectArgs),
+
     /// Show who holds keys: fencing token, remaining TTL, waiters, holder label.
     #[command(
         after_help = "The holder's lease id (the right to release) is never shown.\n\n\
@@ -214,6 +231,23 @@ pub struct RunArgs {
         required_unless_present = "shell"
     )]
     pub command: Vec<String>,
+}
+
+/// `distlock elect`: `run`'s options, the election's name as KEY.
+#[derive(Debug, Args)]
+pub struct ElectArgs {
+    /// The leader's value, for whoever asks who leads (default: the holder label).
+    #[arg(long, value_name = "TEXT")]
+    pub value: Option<String>,
+
+    /// After leadership is lost, campaign again and run the command again (until it ends
+    /// while leading, or distlock is interrupted).
+    #[arg(long)]
+    pub retry: bool,
+
+    /// The options `run` takes; KEY is the election's name.
+    #[command(flatten)]
+    pub run: RunArgs,
 }
 
 /// `distlock status`.

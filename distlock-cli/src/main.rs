@@ -93,6 +93,7 @@ async fn background_work_done() {
 async fn dispatch(cli: Cli) -> Result<u8, Failure> {
     match cli.command {
         Command::Run(args) => run::run(args, &store::resolve(&cli.stores)?).await,
+        Command::Elect(args) => run::elect(args, &store::resolve(&cli.stores)?).await,
         Command::Status(args) => status::status(args, &store::resolve(&cli.stores)?).await,
         Command::List(args) => list::list(args, &store::resolve(&cli.stores)?).await,
         Command::Break(args) => break_lock::break_lock(args, &store::resolve(&cli.stores)?).await,

@@ -7,8 +7,8 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::time::Instant;
 
 use crate::child::{exit_code, stop_self, Event, Group, Program};
-use crate::cli::{OnLost, RunArgs};
-use crate::failure::{describe, killed_by, Failure, LOST, UNAVAILABLE};
+use crate::cli::{ElectArgs, OnLost, RunArgs};
+use crate::failure::{describe, killed_by, Failure, LOST, UNAVAILABLE, USAGE};
 use crate::store;
 
 /// Runs `args`' command under the lock on `store_url`; the result is the exit code.
@@ -16,10 +16,85 @@ pub async fn run(args: RunArgs, store_url: &str) -> Result<u8, Failure> {
     // Installed before anything else, so a signal during the wait is ours to handle (and
     // ends the wait cleanly) rather than killing distlock with nothing released.
     let mut signals = Signals::new()?;
-    let mut acquiring = std::pin::pin!(acquire(&args, store_url));
-    let guard = loop {
+    let guard = until_interrupted(&mut signals, &args.key, acquire(&args, store_url)).await?;
+    let env = [
+        ("DISTLOCK_KEY", args.key.clone()),
+        ("DISTLOCK_TOKEN", guard.token().to_string()),
+        ("DISTLOCK_LEASE_ID", guard.lease().id().to_string()),
+    ];
+    let supervised = run_command(&guard, &args, &env, &mut signals).await;
+    let released = guard.release().await;
+    conclude(&args.key, store_url, supervised, released)
+}
+
+/// Runs `args`' command while leading the election `args.run.key` on `store_url` (with
+/// `--retry`, campaigning again after a loss); the result is the exit code.
+pub async fn elect(args: ElectArgs, store_url: &str) -> Result<u8, Failure> {
+    let run = &args.run;
+    if run.permits.is_some() || run.shared || run.exclusive {
+        return Err(Failure::new(
+            USAGE,
+            "elect campaigns for the election NAME: --permits, --shared and --exclusive do not apply",
+        ));
+    }
+    let mut signals = Signals::new()?;
+    let client = store::connect(store_url).await?;
+    let label = run.label.clone().unwrap_or_else(default_label);
+    let value = args.value.clone().unwrap_or_else(|| label.clone());
+    loop {
+        let campaign = || {
+            client
+                .elect(&run.key)
+                .value(value.as_bytes())
+                .ttl(run.ttl)
+                .holder_label(&label)
+        };
+        let campaign = async {
+            let elected = match campaign().no_wait().await {
+                Err(err) if err.kind() == ErrorKind::HeldByAnother && !run.no_wait => {
+                    tracing::info!(name = %run.key, "waiting to be elected: another candidate leads");
+                    campaign()
+                        .wait(run.wait.map_or(Wait::Forever, Wait::UpTo))
+                        .await
+                }
+                other => other,
+            };
+            elected.map_err(|err| not_acquired(&err, run, store_url))
+        };
+        let leadership = until_interrupted(&mut signals, &run.key, campaign).await?;
+        tracing::info!(name = %run.key, term = %leadership.term(), "elected");
+        let env = [
+            ("DISTLOCK_KEY", run.key.clone()),
+            ("DISTLOCK_TERM", leadership.term().to_string()),
+            ("DISTLOCK_TOKEN", leadership.term().to_string()),
+            (
+                "DISTLOCK_LEASE_ID",
+                leadership.guard().lease().id().to_string(),
+            ),
+        ];
+        let supervised = run_command(leadership.guard(), run, &env, &mut signals).await;
+        let resigned = leadership.resign().await;
+        let concluded = conclude(&run.key, store_url, supervised, resigned);
+        match concluded {
+            Err(failure) if failure.code == LOST && args.retry => {
+                eprintln!("distlock: {failure}; campaigning again (--retry)");
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Awaits `acquiring` unless a signal ends the wait first: Ctrl-Z suspends distlock like
+/// any job (the wait goes on after), the interrupts end it with 128+N.
+async fn until_interrupted<T>(
+    signals: &mut Signals,
+    key: &str,
+    acquiring: impl std::future::Future<Output = Result<T, Failure>>,
+) -> Result<T, Failure> {
+    let mut acquiring = std::pin::pin!(acquiring);
+    loop {
         tokio::select! {
-            acquired = &mut acquiring => break acquired?,
+            acquired = &mut acquiring => return acquired,
             signal = signals.recv() => match signal {
                 // Ctrl-Z while waiting: suspended like any job; the wait goes on after.
                 libc::SIGTSTP => stop_self(libc::SIGTSTP, false),
@@ -29,27 +104,38 @@ pub async fn run(args: RunArgs, store_url: &str) -> Result<u8, Failure> {
                     // in the background; `main` waits for that before exiting.
                     return Err(Failure::new(
                         killed_by(signal),
-                        format!("interrupted by signal {signal} while waiting for {:?}", args.key),
+                        format!("interrupted by signal {signal} while waiting for {key:?}"),
                     ));
                 }
             }
         }
-    };
+    }
+}
+
+/// Starts the command with `env` and supervises it under `guard`.
+async fn run_command(
+    guard: &LockGuard,
+    args: &RunArgs,
+    env: &[(&str, String)],
+    signals: &mut Signals,
+) -> Result<Supervised, Failure> {
     let program = match &args.shell {
         Some(script) => Program::Shell(script),
         None => Program::Argv(&args.command),
     };
-    let env = [
-        ("DISTLOCK_KEY", args.key.clone()),
-        ("DISTLOCK_TOKEN", guard.token().to_string()),
-        ("DISTLOCK_LEASE_ID", guard.lease().id().to_string()),
-    ];
-    let supervised = match Group::spawn(&program, &env) {
-        Ok(group) => supervise(group, &guard, &args, &mut signals).await,
+    match Group::spawn(&program, env) {
+        Ok(group) => supervise(group, guard, args, signals).await,
         Err(failure) => Err(failure),
-    };
-    let key = args.key.as_str();
-    let released = guard.release().await;
+    }
+}
+
+/// The exit code of a run: the command's, or why the lock failed it.
+fn conclude(
+    key: &str,
+    store_url: &str,
+    supervised: Result<Supervised, Failure>,
+    released: distlock::Result<()>,
+) -> Result<u8, Failure> {
     match (supervised, released) {
         (Ok(Supervised::Lost), _) => Err(Failure::new(
             LOST,
@@ -94,13 +180,19 @@ async fn acquire(args: &RunArgs, store_url: &str) -> Result<LockGuard, Failure> 
         }
         other => other,
     };
-    acquired.map_err(|err| match err.kind() {
+    acquired.map_err(|err| not_acquired(&err, args, store_url))
+}
+
+/// A failed acquisition as a failure: "not acquired" (the `-E` exit code) while the key is
+/// held, otherwise the store's error.
+fn not_acquired(err: &distlock::Error, args: &RunArgs, store_url: &str) -> Failure {
+    match err.kind() {
         ErrorKind::HeldByAnother | ErrorKind::TimedOut => Failure::new(
             args.conflict_exit_code,
-            format!("not acquired: {}", describe(&err, store_url)),
+            format!("not acquired: {}", describe(err, store_url)),
         ),
-        _ => Failure::from_store_error(&err, store_url),
-    })
+        _ => Failure::from_store_error(err, store_url),
+    }
 }
 
 /// How the command ended.

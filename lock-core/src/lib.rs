@@ -64,7 +64,8 @@ pub use client::{LockClient, LockGuard, LockRequest, LockSet, LockSetRequest, Lo
 pub use engine::held::{LeaseHealth, LossReason};
 pub use memory::MemoryBackend;
 pub use patterns::{
-    Execution, FencedResource, IdempotentRequest, LockScope, OnceRequest, OnceTicket, StaleToken,
+    CampaignRequest, Candidate, Execution, FencedResource, IdempotentRequest, LeaderChanges,
+    LeaderStatus, Leadership, LockScope, OnceRequest, OnceTicket, StaleToken,
 };
 pub use values::{
     AcquireOptions, Backoff, Error, ErrorKind, FencingToken, HoldKind, Lease, LeaseId,

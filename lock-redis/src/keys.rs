@@ -98,6 +98,13 @@ impl Layout {
         }
     }
 
+    /// Whether a release announced under `name` ([`released_name`](Self::released_name))
+    /// may let several waiters in at once: a semaphore's or reader-writer lock's (a
+    /// mutex's name is its lock key, which ends with its hash tag's `}`).
+    pub(crate) fn releases_many(name: &str) -> bool {
+        !name.ends_with('}')
+    }
+
     /// The channel every release of this namespace is published on; the message is the
     /// released lock key.
     pub(crate) fn channel(&self) -> String {
@@ -205,6 +212,8 @@ mod tests {
         assert_eq!(keys.intents, "app:{6b}:semaphore:intents");
         assert_eq!(keys.fence, "app:{6b}:semaphore:fence");
         assert_eq!(layout.released_name(&semaphore), keys.entries);
+        assert!(Layout::releases_many(&layout.released_name(&semaphore)));
+        assert!(!Layout::releases_many(&layout.released_name(&mutex)));
         let read = layout
             .shared_keys(&mutex.held_as(lock_core::HoldKind::Read).unwrap())
             .unwrap();

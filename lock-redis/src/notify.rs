@@ -18,6 +18,7 @@ use lock_core::Result;
 use tokio::sync::watch;
 
 use crate::error::into_error;
+use crate::keys::Layout;
 use crate::node::{Node, Source};
 
 /// Most releases remembered for coalescing; beyond it the oldest are forgotten (which
@@ -128,7 +129,12 @@ async fn listen(
     while let Some(message) = messages.next().await {
         let text = String::from_utf8_lossy(message.get_payload_bytes());
         if lock_unpoisoned(&shared.seen).is_news(&text) {
-            link.feed().released(released_key(&text));
+            let name = released_key(&text);
+            if Layout::releases_many(name) {
+                link.feed().released_to_many(name);
+            } else {
+                link.feed().released(name);
+            }
         }
     }
     Ok(())

@@ -11,7 +11,7 @@ use lock_core::backend::{
     finish_if_dropped, lock_unpoisoned, AcquireRequest, Grant, HolderInfo, KeyWatch, LeaseRenewal,
     LockBackend, Ownership, Record,
 };
-use lock_core::{Capabilities, Error, ErrorKind, LeaseId, Liveness, LockKey, Result};
+use lock_core::{Capabilities, Error, ErrorKind, LeaseId, Liveness, LockKey, Primitive, Result};
 
 use crate::config::{Dialect, SqlConfig};
 #[cfg(feature = "mysql")]
@@ -197,6 +197,9 @@ impl SqlBackend {
                     ttl_granularity: Duration::from_millis(1),
                     // A table beside the lock table, written fenced by the holder's row.
                     records: true,
+                    // The holds table beside the lock table (docs.md, "Semaphores and
+                    // reader-writer locks").
+                    shared_holds: true,
                     ..Capabilities::default()
                 },
                 config,
@@ -233,8 +236,9 @@ impl SqlBackend {
         &self.inner.config.table
     }
 
-    /// Deletes the rows of expired leases nobody took over (crashed holders) and the
-    /// idempotency records past their retention, up to a thousand of each per call;
+    /// Deletes the rows of expired leases nobody took over (crashed holders), of expired
+    /// shared holds and writer intents, and the idempotency records past their retention,
+    /// up to a thousand of each per call;
     /// returns how many rows. Runs by itself every 1024 releases and record writes;
     /// expired rows never block anyone and expired records are never read.
     pub async fn sweep_expired(&self) -> Result<u64> {
@@ -346,11 +350,18 @@ impl LockBackend for SqlBackend {
         let inner = Arc::clone(&self.inner);
         let key = request.key().clone();
         let holder = request.holder_label().map(str::to_owned);
+        let waits = request.waits();
         finish_if_dropped(async move {
-            let result = on_store!(
-                &inner.store,
-                ops => ops.acquire(&key, lease_id, ttl_ms, holder).await
-            );
+            let result = match key.primitive() {
+                Primitive::Mutex => on_store!(
+                    &inner.store,
+                    ops => ops.acquire(&key, lease_id, ttl_ms, holder).await
+                ),
+                _ => on_store!(
+                    &inner.store,
+                    ops => ops.acquire_shared(&key, lease_id, ttl_ms, holder, waits).await
+                ),
+            };
             drop(running);
             result.map(|granted| granted.map(Grant::new))
         })
@@ -417,11 +428,22 @@ impl LockBackend for SqlBackend {
             .await
     }
 
+    async fn holders(&self, key: &LockKey) -> Result<Vec<HolderInfo>> {
+        if key.primitive() == Primitive::Mutex {
+            return Ok(self.inspect(key).await?.into_iter().collect());
+        }
+        let inner = Arc::clone(&self.inner);
+        let key = key.clone();
+        finish_if_dropped(async move { on_store!(&inner.store, ops => ops.holders(&key).await) })
+            .await
+    }
+
     async fn list_held(&self, prefix: &str, limit: usize) -> Result<Vec<(LockKey, HolderInfo)>> {
         on_store!(&self.inner.store, ops => ops.list_held(prefix, limit).await)
     }
 
-    /// Keys that have a row: held, or expired and not yet swept.
+    /// Keys that have a row: held, or expired and not yet swept; of a semaphore or
+    /// reader-writer lock also a waiting writer's intent.
     async fn stored_keys(&self, prefix: &str) -> Result<Vec<String>> {
         let mut keys = on_store!(&self.inner.store, ops => ops.stored_keys(prefix).await)?;
         // In Rust's order, whatever the database's collation.
@@ -432,7 +454,7 @@ impl LockBackend for SqlBackend {
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn KeyWatch>>> {
         #[cfg(feature = "postgres")]
         if let Some(notifier) = self.notifier() {
-            return Ok(Some(notifier.subscribe(key.as_str())));
+            return Ok(Some(notifier.subscribe(&crate::dialect::watch_name(key))));
         }
         let _ = key;
         Ok(None)

@@ -33,6 +33,20 @@ pub(crate) fn lock_wait_timed_out(dialect: Dialect, err: &sqlx::Error) -> bool {
     }
 }
 
+/// Whether `err` made its transaction the victim of a deadlock (MariaDB 1213, PostgreSQL
+/// 40P01): the transaction was rolled back, so it wrote nothing.
+pub(crate) fn deadlock_victim(dialect: Dialect, err: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = err else {
+        return false;
+    };
+    let code = error_code(db.as_ref());
+    match dialect {
+        Dialect::MySql => code.as_deref() == Some("1213"),
+        Dialect::Postgres => code.as_deref() == Some("40P01"),
+        Dialect::Sqlite => false,
+    }
+}
+
 const UNREACHABLE: &str = "the database could not be reached or is busy";
 const REFUSED: &str = "the database refused the credentials or the operation";
 const UNEXPECTED: &str = "unexpected database error";

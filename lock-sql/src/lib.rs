@@ -18,7 +18,10 @@
 //!
 //! Each dialect sits behind a cargo feature: `sqlite` (default), `postgres`, `mysql`.
 //! How the lease table works, how fencing tokens are made and what each dialect
-//! guarantees is documented on [`SqlBackend`].
+//! guarantees is documented on [`SqlBackend`]. Every dialect keeps semaphores and
+//! reader-writer locks too (`client.semaphore`, `read_lock`, `write_lock`), in a table
+//! beside the lock table; waiting for them is not fair, except that a waiting writer keeps
+//! new readers out ([`SqlBackend`], "Semaphores and reader-writer locks").
 
 mod backend;
 mod config;

@@ -8,6 +8,7 @@ use lock_core::{Capabilities, Liveness};
 use crate::harness::{BackendFactory, Ctx, Outcome};
 
 pub mod cleanup;
+pub mod election;
 pub mod exclusion;
 pub mod idempotent;
 pub mod input;
@@ -324,4 +325,10 @@ scenarios! {
     sets::cancelled_lock_set_leaves_nothing => Nothing,
     sets::lost_member_fires_the_sets_lost => LeaseTtl,
     sets::atomic_lock_set_waits_holding_nothing => AtomicSets,
+    election::one_leader_at_a_time_with_increasing_terms => Records,
+    election::leader_loses_before_a_successor_is_elected => Records & LeaseTtl,
+    election::resigned_leader_is_replaced_at_once => Records,
+    election::observe_follows_the_terms_and_ends_on_the_current_leader => Records,
+    election::cancelled_campaign_leaves_no_candidate => Records,
+    election::election_is_refused_without_records => NoRecords,
 }

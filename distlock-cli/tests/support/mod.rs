@@ -358,7 +358,12 @@ fn drain(lines: &Receiver<String>) -> String {
 /// A `distlock run` that holds `key` until its stdin is closed, after printing
 /// `held TOKEN`.
 pub fn holder(store: &Store, key: &str, extra: &[&str]) -> (Running, u64) {
-    let mut args = vec!["run"];
+    holder_of(store, "run", key, extra)
+}
+
+/// [`holder`] through `subcommand` (`run`, or `elect`, whose token is the term).
+pub fn holder_of(store: &Store, subcommand: &str, key: &str, extra: &[&str]) -> (Running, u64) {
+    let mut args = vec![subcommand];
     args.extend_from_slice(extra);
     args.extend_from_slice(&[
         key,

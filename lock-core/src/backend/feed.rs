@@ -77,6 +77,18 @@ impl ReleaseFeed {
         self.inner.wake_one(name);
     }
 
+    /// Wakes every waiter of `name`: for a release of a semaphore's or reader-writer
+    /// lock's holder, after which several waiters may be granted at once (all the readers
+    /// behind a writer), so waking one would leave the others to their fallback poll.
+    pub fn released_to_many(&self, name: &str) {
+        let waiters = lock(&self.inner.waiters);
+        for waiter in waiters.get(name).into_iter().flatten() {
+            if !waiter.woken.swap(true, Ordering::SeqCst) {
+                waiter.wake.notify_one();
+            }
+        }
+    }
+
     /// Wakes every waiter, for when releases may have gone unheard.
     pub fn wake_all(&self) {
         self.inner.everyone.send_modify(|epoch| *epoch += 1);
@@ -174,6 +186,18 @@ mod tests {
         feed.released("k");
         assert!(wakes(&mut first).await);
         assert!(wakes(&mut second).await);
+    }
+
+    #[tokio::test]
+    async fn a_release_to_many_wakes_every_waiter_of_its_name_only() {
+        let feed = ReleaseFeed::new();
+        let mut first = feed.watch("k");
+        let mut second = feed.watch("k");
+        let mut other = feed.watch("j");
+        feed.released_to_many("k");
+        assert!(wakes(&mut first).await);
+        assert!(wakes(&mut second).await);
+        assert!(!wakes(&mut other).await);
     }
 
     #[tokio::test]

@@ -17,11 +17,13 @@ pub use status::LockStatus;
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::backend::{with_timeout, DynBackend, LockBackend};
 use crate::engine::ClientCore;
 use tracing::Instrument;
 
+use crate::patterns::election::{CampaignRequest, Candidate, LeaderChanges, LeaderStatus};
 use crate::patterns::idempotent::IdempotentRequest;
 use crate::patterns::once::OnceRequest;
 use crate::patterns::scoped::LockScope;
@@ -358,6 +360,69 @@ impl LockClient {
             LockKey::new(key),
             self.defaults.clone(),
         )
+    }
+
+    /// A campaign to lead the election `name`: refine it like [`lock`](Self::lock)'s,
+    /// give it a [`value`](CampaignRequest::value), and `.await` it (by default for as long
+    /// as it takes) for a [`Leadership`]. On a fair store candidates are elected in the
+    /// order they started campaigning; a campaign dropped or cancelled leaves nothing
+    /// behind.
+    ///
+    /// The leader holds the lock `name` (an election and the lock of its name are the
+    /// same key: `inspect` and `distlock status` show the leader's term as its token), and
+    /// its value is `name`'s idempotency record, written fenced by its lease. A store
+    /// without records (Redlock) refuses with
+    /// [`ErrorKind::Unsupported`](crate::ErrorKind).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lock_core::Result<()> {
+    /// use lock_core::{LockClient, MemoryBackend};
+    ///
+    /// let client = LockClient::new(MemoryBackend::new());
+    /// let leadership = client.elect("scheduler").value("10.0.0.7:8080").await?;
+    /// let leader = client.leader("scheduler").await?.expect("a leader");
+    /// assert_eq!(leader.term, leadership.term());
+    /// assert_eq!(leader.value.as_deref(), Some(&b"10.0.0.7:8080"[..]));
+    /// leadership.resign().await?;
+    /// assert!(client.leader("scheduler").await?.is_none());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn elect(&self, name: impl AsRef<str>) -> CampaignRequest {
+        LockRequest::new(
+            Arc::clone(&self.core),
+            None,
+            LockKey::new(name).map(Candidate::new),
+            AcquireOptions {
+                wait: crate::Wait::Forever,
+                ..self.defaults.clone()
+            },
+        )
+    }
+
+    /// Who leads the election `name` now: term, value, label and time left, or `None`.
+    pub async fn leader(&self, name: impl AsRef<str>) -> Result<Option<LeaderStatus>> {
+        let name = LockKey::new(name)?;
+        crate::patterns::election::leader(&self.core, &name, self.defaults.request_timeout).await
+    }
+
+    /// The leader changes of the election `name`, as a stream: who leads now first, then
+    /// each change in term order (a new term, a proclaimed value, no leader), looking
+    /// again at every release the store announces and at least every `every`. A slow
+    /// consumer may miss leaders in between but always gets to the current one; terms never
+    /// go back, also across store outages (a look that fails is retried at the next).
+    pub fn observe(&self, name: impl AsRef<str>, every: Duration) -> Result<LeaderChanges> {
+        let name = LockKey::new(name)?;
+        if every.is_zero() {
+            return Err(Error::invalid("an observer's interval is zero"));
+        }
+        Ok(crate::patterns::election::observe(
+            Arc::clone(&self.core),
+            name,
+            every,
+            self.defaults.request_timeout,
+        ))
     }
 
     /// Runs `body` under the lock on `key` (with this client's default options) and

@@ -354,34 +354,16 @@ impl IdempotentRun {
 }
 
 impl IdempotentRun {
-    /// Records the result under `guard`'s lease: [`Ownership::NotHeld`] when the lease is lost (known
-    /// here already, or found by the store's fence). An unanswered write is retried while
-    /// the lease is valid (the write is idempotent).
+    /// Records the result under `guard`'s lease ([`write_fenced`]).
     async fn write(&self, guard: &LockGuard, record: &Record) -> Result<Ownership> {
-        let mut attempt = 0;
-        loop {
-            let lease = guard.lease();
-            if !guard.is_held() {
-                return Ok(Ownership::NotHeld);
-            }
-            let written = with_timeout(
-                self.core.backend.name(),
-                self.request_timeout.min(lease.remaining()),
-                "write_record",
-                self.core
-                    .backend
-                    .write_record(&self.key, lease.id(), record, self.retention),
-            )
-            .await;
-            match written {
-                Err(err) if err.kind() == ErrorKind::Unavailable && guard.is_held() => {
-                    tracing::debug!(key = %self.key, error = %err, "record write unanswered; retrying");
-                    tokio::time::sleep(self.backoff.pause(attempt).min(lease.remaining())).await;
-                    attempt += 1;
-                }
-                other => return other,
-            }
-        }
+        write_fenced(
+            &self.core.backend,
+            guard,
+            record,
+            self.retention,
+            (self.request_timeout, self.backoff),
+        )
+        .await
     }
 
     async fn read(&self) -> Result<Option<Record>> {
@@ -401,6 +383,41 @@ impl IdempotentRun {
                 "the recorded run answered a request with a different fingerprint",
             )),
             _ => Ok(Execution::Replayed(record.value)),
+        }
+    }
+}
+
+/// Writes `record` for `guard`'s key under its lease, fenced by the store:
+/// [`Ownership::NotHeld`] when the lease is lost (known here already, or found by the
+/// store's fence). An unanswered write is retried, pausing per `backoff`, while the lease
+/// is valid (the write is idempotent); each try takes at most `request_timeout`.
+pub(crate) async fn write_fenced(
+    backend: &crate::backend::DynBackend,
+    guard: &LockGuard,
+    record: &Record,
+    retention: Duration,
+    (request_timeout, backoff): (Duration, Backoff),
+) -> Result<Ownership> {
+    let mut attempt = 0;
+    loop {
+        let lease = guard.lease();
+        if !guard.is_held() {
+            return Ok(Ownership::NotHeld);
+        }
+        let written = with_timeout(
+            backend.name(),
+            request_timeout.min(lease.remaining()),
+            "write_record",
+            backend.write_record(guard.key(), lease.id(), record, retention),
+        )
+        .await;
+        match written {
+            Err(err) if err.kind() == ErrorKind::Unavailable && guard.is_held() => {
+                tracing::debug!(key = %guard.key(), error = %err, "record write unanswered; retrying");
+                tokio::time::sleep(backoff.pause(attempt).min(lease.remaining())).await;
+                attempt += 1;
+            }
+            other => return other,
         }
     }
 }

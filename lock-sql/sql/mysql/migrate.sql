@@ -47,4 +47,22 @@ CREATE TABLE IF NOT EXISTS {table}_records (
     INDEX {table}_records_expiry (expires_at)
 ) ENGINE = InnoDB;
 -- statement
+-- Semaphores and reader-writer locks (holds/*.sql): one row per lease of a key in its
+-- primitive ('semaphore' or 'rwlock'), kind 'permit', 'read', 'write' or 'intent' (a
+-- waiting writer's), permits the semaphore's limit (0 for a reader-writer lock). Tokens
+-- come from the lock table's counter; the key compares byte for byte like the lock
+-- table's.
+CREATE TABLE IF NOT EXISTS {table}_holds (
+    hold_key   VARBINARY(256) NOT NULL,
+    primitive  VARCHAR(16) CHARACTER SET ascii NOT NULL,
+    lease_id   CHAR(32) CHARACTER SET ascii NOT NULL,
+    kind       VARCHAR(8) CHARACTER SET ascii NOT NULL,
+    permits    BIGINT NOT NULL,
+    token      BIGINT NOT NULL,
+    expires_at BIGINT NOT NULL,
+    holder     TEXT CHARACTER SET utf8mb4 NULL,
+    PRIMARY KEY (hold_key, primitive, lease_id),
+    INDEX {table}_holds_expiry (expires_at)
+) ENGINE = InnoDB;
+-- statement
 DO RELEASE_LOCK('distlock.migrate.{table}');

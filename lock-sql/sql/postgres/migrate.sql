@@ -40,4 +40,22 @@ CREATE TABLE IF NOT EXISTS {table}_records (
 -- statement
 CREATE INDEX IF NOT EXISTS {table}_records_expiry ON {table}_records (expires_at);
 -- statement
+-- Semaphores and reader-writer locks (holds/*.sql): one row per lease of a key in its
+-- primitive ('semaphore' or 'rwlock'), kind 'permit', 'read', 'write' or 'intent' (a
+-- waiting writer's), permits the semaphore's limit (0 for a reader-writer lock). Tokens
+-- come from the lock table's sequence.
+CREATE TABLE IF NOT EXISTS {table}_holds (
+    hold_key   text   NOT NULL,
+    primitive  text   NOT NULL,
+    lease_id   text   NOT NULL,
+    kind       text   NOT NULL,
+    permits    bigint NOT NULL,
+    token      bigint NOT NULL,
+    expires_at bigint NOT NULL,
+    holder     text,
+    PRIMARY KEY (hold_key, primitive, lease_id)
+);
+-- statement
+CREATE INDEX IF NOT EXISTS {table}_holds_expiry ON {table}_holds (expires_at);
+-- statement
 COMMIT;

@@ -42,4 +42,22 @@ CREATE TABLE IF NOT EXISTS {table}_records (
 -- statement
 CREATE INDEX IF NOT EXISTS {table}_records_expiry ON {table}_records (expires_at);
 -- statement
+-- Semaphores and reader-writer locks (holds/*.sql): one row per lease of a key in its
+-- primitive ('semaphore' or 'rwlock'), kind 'permit', 'read', 'write' or 'intent' (a
+-- waiting writer's), permits the semaphore's limit (0 for a reader-writer lock). Tokens
+-- come from the lock table's counter.
+CREATE TABLE IF NOT EXISTS {table}_holds (
+    hold_key   TEXT    NOT NULL,
+    primitive  TEXT    NOT NULL,
+    lease_id   TEXT    NOT NULL,
+    kind       TEXT    NOT NULL,
+    permits    INTEGER NOT NULL,
+    token      INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    holder     TEXT,
+    PRIMARY KEY (hold_key, primitive, lease_id)
+) WITHOUT ROWID;
+-- statement
+CREATE INDEX IF NOT EXISTS {table}_holds_expiry ON {table}_holds (expires_at);
+-- statement
 COMMIT;

@@ -5,8 +5,11 @@
 pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
+mod shared;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
+
+pub(crate) use shared::{hold_text, watch_name, HoldText, Turn};
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -14,7 +17,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use lock_core::backend::{with_timeout, HolderInfo, Ownership, Record};
-use lock_core::{Error, ErrorKind, FencingToken, LeaseId, LockKey, Result};
+use lock_core::{Error, ErrorKind, FencingToken, LeaseId, LockKey, Primitive, Result};
 use sqlx::pool::PoolOptions;
 use sqlx::{AssertSqlSafe, ColumnIndex, Database, Decode, Encode, Executor, IntoArguments};
 use sqlx::{Pool, Row, SqlSafeStr, SqlStr, Type};
@@ -57,14 +60,24 @@ pub(crate) struct SqlText {
     pub now_ms: &'static str,
     /// The database server's clock when the expression is evaluated, in the same unit.
     pub clock_ms: &'static str,
+    /// Semaphores and reader-writer locks (`sql/<dialect>/holds/`).
+    pub holds: HoldText,
 }
 
 /// The [`SqlText`] of the dialect whose statement files live in `sql/<dir>/`.
 macro_rules! sql_text {
-    ($dir:literal, now_ms: $now:expr, clock_ms: $clock:expr) => {
-        $crate::dialect::sql_text!($dir, now_ms: $now, clock_ms: $clock, renewed: None)
+    ($dir:literal, now_ms: $now:expr, clock_ms: $clock:expr, holds: $holds:expr) => {
+        $crate::dialect::sql_text!(
+            $dir, now_ms: $now, clock_ms: $clock, renewed: None, holds: $holds
+        )
     };
-    ($dir:literal, now_ms: $now:expr, clock_ms: $clock:expr, renewed: $renewed:expr) => {
+    (
+        $dir:literal,
+        now_ms: $now:expr,
+        clock_ms: $clock:expr,
+        renewed: $renewed:expr,
+        holds: $holds:expr
+    ) => {
         $crate::dialect::SqlText {
             migrate: include_str!(concat!("../../sql/", $dir, "/migrate.sql")),
             acquire: include_str!(concat!("../../sql/", $dir, "/acquire.sql")),
@@ -84,6 +97,7 @@ macro_rules! sql_text {
             sweep_record: include_str!(concat!("../../sql/", $dir, "/sweep_record.sql")),
             now_ms: $now,
             clock_ms: $clock,
+            holds: $holds,
         }
     };
 }
@@ -124,6 +138,7 @@ pub(crate) struct Statements {
     read_record: SqlStr,
     expired_records: SqlStr,
     sweep_record: SqlStr,
+    holds: shared::HoldStatements,
 }
 
 impl Statements {
@@ -169,7 +184,23 @@ impl Statements {
             read_record: fill(text.read_record),
             expired_records: fill(text.expired_records),
             sweep_record: fill(text.sweep_record),
+            holds: shared::HoldStatements::new(&text.holds, &fill),
         }
+    }
+
+    /// The statement `mutex` picks for a mutex key, or `shared` picks for a semaphore or
+    /// reader-writer key.
+    fn pick(
+        &self,
+        key: &LockKey,
+        mutex: impl FnOnce(&Self) -> &SqlStr,
+        shared: impl FnOnce(&shared::HoldStatements) -> &SqlStr,
+    ) -> SqlStr {
+        match key.primitive() {
+            Primitive::Mutex => mutex(self),
+            _ => shared(&self.holds),
+        }
+        .clone()
     }
 
     /// The statements as sent (for the benchmark's raw baseline and tests).
@@ -369,7 +400,8 @@ where
         lease_id: LeaseId,
         ttl_ms: i64,
     ) -> Result<Ownership> {
-        self.set_expiry("renew", self.sql.renew.clone(), key, lease_id, ttl_ms)
+        let statement = self.sql.pick(key, |sql| &sql.renew, |holds| &holds.renew);
+        self.set_expiry("renew", statement, key, lease_id, ttl_ms)
             .await
     }
 
@@ -380,14 +412,11 @@ where
         lease_id: LeaseId,
         ttl_ms: i64,
     ) -> Result<Ownership> {
-        self.set_expiry(
-            "expire_in",
-            self.sql.expire_in.clone(),
-            key,
-            lease_id,
-            ttl_ms,
-        )
-        .await
+        let statement = self
+            .sql
+            .pick(key, |sql| &sql.expire_in, |holds| &holds.expire_in);
+        self.set_expiry("expire_in", statement, key, lease_id, ttl_ms)
+            .await
     }
 
     async fn set_expiry(
@@ -398,10 +427,7 @@ where
         lease_id: LeaseId,
         ttl_ms: i64,
     ) -> Result<Ownership> {
-        let query = sqlx::query(statement)
-            .bind(ttl_ms)
-            .bind(key.as_str().to_owned())
-            .bind(lease_id.to_string());
+        let query = bind_key(sqlx::query(statement).bind(ttl_ms), key).bind(lease_id.to_string());
         let done = self
             .on_connection(what, move |conn| Box::pin(query.execute(conn)))
             .await?;
@@ -410,67 +436,98 @@ where
         Ok(Ownership::held_if(done.rows() == 1))
     }
 
-    /// Renews a batch of leases (key, lease id, TTL in milliseconds) with one statement;
-    /// answers, in the batch's order, whether each was live and is renewed.
+    /// Renews a batch of leases (key, lease id, TTL in milliseconds) with one statement
+    /// for the mutexes' and, when the batch has any, one for the shared holds'; answers,
+    /// in the batch's order, whether each was live and is renewed.
     pub(crate) async fn renew_many(
         &self,
         batch: &[(LockKey, LeaseId, i64)],
     ) -> Result<Vec<Ownership>> {
-        let leases = batch_json(batch);
-        let renewed = match &self.sql.renewed {
-            None => {
-                self.leases_of("renewing leases", self.sql.renew_many.clone(), leases)
-                    .await?
-            }
-            Some(renewed) => {
-                let query = sqlx::query(self.sql.renew_many.clone()).bind(leases.clone());
-                let done = self
-                    .on_connection("renewing leases", move |conn| Box::pin(query.execute(conn)))
-                    .await?;
-                // Matched rows (see `renew`): all renewed, the usual case, costs no second
-                // statement.
-                if usize::try_from(done.rows()) == Ok(batch.len()) {
-                    return Ok(vec![Ownership::Held; batch.len()]);
-                }
-                self.leases_of("finding the renewed leases", renewed.clone(), leases)
-                    .await?
-            }
-        };
+        let (mutexes, shared): (Vec<_>, Vec<_>) = batch
+            .iter()
+            .cloned()
+            .partition(|(key, _, _)| key.primitive() == Primitive::Mutex);
+        let mut renewed = HashSet::new();
+        if !mutexes.is_empty() {
+            let sql = (&self.sql.renew_many, self.sql.renewed.as_ref());
+            renewed.extend(self.renew_batch(&mutexes, sql).await?);
+        }
+        if !shared.is_empty() {
+            let sql = (&self.sql.holds.renew_many, self.sql.holds.renewed.as_ref());
+            renewed.extend(self.renew_batch(&shared, sql).await?);
+        }
         Ok(batch
             .iter()
-            .map(|(key, lease, _)| {
-                Ownership::held_if(renewed.contains(&(key.as_str().to_owned(), lease.to_string())))
-            })
+            .map(|(key, lease, _)| Ownership::held_if(renewed.contains(&identity(key, *lease))))
             .collect())
     }
 
-    /// Runs `sql` with the batch `leases` and collects the (key, lease id) rows it answers.
+    /// Renews `batch` with the statement `renew_many` and answers the identities
+    /// ([`identity`]) of the leases it renewed; `renewed` asks which those were, for
+    /// dialects whose `renew_many` only counts them.
+    async fn renew_batch(
+        &self,
+        batch: &[(LockKey, LeaseId, i64)],
+        (renew_many, renewed): (&SqlStr, Option<&SqlStr>),
+    ) -> Result<HashSet<LeaseIdentity>> {
+        let leases = batch_json(batch);
+        let Some(renewed) = renewed else {
+            return self
+                .leases_of("renewing leases", renew_many.clone(), leases)
+                .await;
+        };
+        let query = sqlx::query(renew_many.clone()).bind(leases.clone());
+        let done = self
+            .on_connection("renewing leases", move |conn| Box::pin(query.execute(conn)))
+            .await?;
+        // Matched rows (see `renew`): all renewed, the usual case, costs no second
+        // statement.
+        if usize::try_from(done.rows()) == Ok(batch.len()) {
+            return Ok(batch
+                .iter()
+                .map(|(key, lease, _)| identity(key, *lease))
+                .collect());
+        }
+        self.leases_of("finding the renewed leases", renewed.clone(), leases)
+            .await
+    }
+
+    /// Runs `sql` with the batch `leases` and collects the leases it answers: rows of key,
+    /// lease id and, for shared holds, the primitive.
     async fn leases_of(
         &self,
         doing: &str,
         sql: SqlStr,
         leases: String,
-    ) -> Result<HashSet<(String, String)>> {
+    ) -> Result<HashSet<LeaseIdentity>> {
         let query = sqlx::query(sql).bind(leases);
         let rows = self
             .on_connection(doing, move |conn| Box::pin(query.fetch_all(conn)))
             .await?;
         rows.iter()
-            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+            .map(|row| {
+                let primitive = if row.len() > 2 {
+                    row.try_get(2)?
+                } else {
+                    String::new()
+                };
+                Ok((row.try_get(0)?, row.try_get(1)?, primitive))
+            })
             .collect::<sqlx::Result<_>>()
             .map_err(self.fail("reading the renewed leases"))
     }
 
-    /// Deletes the lease's row, live or expired: `None` if there was none, else whether
-    /// it was live.
+    /// Deletes the lease's row, live or expired (of a shared key: its hold or its writer
+    /// intent): `None` if there was none, else whether it was a live hold.
     pub(crate) async fn release(
         &self,
         key: &LockKey,
         lease_id: LeaseId,
     ) -> Result<Option<Ownership>> {
-        let query = sqlx::query(self.sql.release.clone())
-            .bind(key.as_str().to_owned())
-            .bind(lease_id.to_string());
+        let statement = self
+            .sql
+            .pick(key, |sql| &sql.release, |holds| &holds.release);
+        let query = bind_key(sqlx::query(statement), key).bind(lease_id.to_string());
         let row = self
             .on_connection("release", move |conn| Box::pin(query.fetch_optional(conn)))
             .await?;
@@ -482,6 +539,9 @@ where
     }
 
     pub(crate) async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
+        if key.primitive() != Primitive::Mutex {
+            return Ok(self.holders(key).await?.into_iter().next());
+        }
         let query = sqlx::query(self.sql.inspect.clone()).bind(key.as_str().to_owned());
         let row = self
             .on_connection("inspect", move |conn| Box::pin(query.fetch_optional(conn)))
@@ -540,8 +600,13 @@ where
             .collect()
     }
 
+    /// Keys with a lock row or a shared-hold row, each once.
     pub(crate) async fn stored_keys(&self, prefix: &str) -> Result<Vec<String>> {
-        let query = sqlx::query(self.sql.stored_keys.clone()).bind(prefix.to_owned());
+        let mut query = sqlx::query(self.sql.stored_keys.clone()).bind(prefix.to_owned());
+        // MariaDB's positional parameters are bound once per occurrence.
+        if self.dialect == Dialect::MySql {
+            query = query.bind(prefix.to_owned());
+        }
         let rows = self
             .on_connection("listing keys", move |conn| Box::pin(query.fetch_all(conn)))
             .await?;
@@ -560,12 +625,20 @@ where
         let records = self
             .sweep_rows("records", &self.sql.expired_records, &self.sql.sweep_record)
             .await?;
-        Ok(leases + records)
+        let holds = self
+            .sweep_rows(
+                "shared holds",
+                &self.sql.holds.expired,
+                &self.sql.holds.sweep,
+            )
+            .await?;
+        Ok(leases + records + holds)
     }
 
     /// Finds expired rows with `expired`, a plain read, and deletes them one by one with
     /// `delete` (which checks the expiry again), so the sweep locks only rows it deletes: a
-    /// scanning delete locks (and waits for) the live rows it passes on MariaDB.
+    /// scanning delete locks (and waits for) the live rows it passes on MariaDB. `delete`
+    /// takes a row's identity as `expired` answers it, column by column (all text).
     async fn sweep_rows(&self, what: &str, expired: &SqlStr, delete: &SqlStr) -> Result<u64> {
         let query = sqlx::query(expired.clone());
         let rows = self
@@ -575,8 +648,11 @@ where
             .await?;
         let mut swept = 0;
         for row in rows {
-            let key: String = row.try_get(0).map_err(self.fail("reading a key"))?;
-            let query = sqlx::query(delete.clone()).bind(key);
+            let mut query = sqlx::query(delete.clone());
+            for column in 0..row.len() {
+                let part: String = row.try_get(column).map_err(self.fail("reading a key"))?;
+                query = query.bind(part);
+            }
             swept += self
                 .on_connection(&format!("sweeping expired {what}"), move |conn| {
                     Box::pin(query.execute(conn))
@@ -657,8 +733,9 @@ where
 }
 
 /// A batch of leases as the JSON array the dialects' `renew_many.sql` read:
-/// `[{"k": key, "l": lease id, "t": TTL in ms}, ...]`. One parameter whatever the batch's
-/// size, so each dialect has one statement text for every batch.
+/// `[{"k": key, "p": primitive, "l": lease id, "t": TTL in ms}, ...]` (the mutexes' ignore
+/// `p`). One parameter whatever the batch's size, so each dialect has one statement text
+/// for every batch.
 fn batch_json(batch: &[(LockKey, LeaseId, i64)]) -> String {
     let mut json = String::from("[");
     for (n, (key, lease, ttl_ms)) in batch.iter().enumerate() {
@@ -677,7 +754,10 @@ fn batch_json(batch: &[(LockKey, LeaseId, i64)]) -> String {
                 c => json.push(c),
             }
         }
-        json.push_str(&format!("\",\"l\":\"{lease}\",\"t\":{ttl_ms}}}"));
+        json.push_str(&format!(
+            "\",\"p\":\"{}\",\"l\":\"{lease}\",\"t\":{ttl_ms}}}",
+            key.primitive().name()
+        ));
     }
     json.push(']');
     json
@@ -708,6 +788,38 @@ fn token_from(token: i64) -> Result<FencingToken> {
             format!("the lock table holds a negative fencing token ({token})"),
         )
     })
+}
+
+/// A lease as the renewal statements answer it: key, lease id, and the primitive's name
+/// for a shared hold (empty for a mutex, whose table has no such column).
+type LeaseIdentity = (String, String, String);
+
+fn identity(key: &LockKey, lease: LeaseId) -> LeaseIdentity {
+    let primitive = match key.primitive() {
+        Primitive::Mutex => "",
+        other => other.name(),
+    };
+    (
+        key.as_str().to_owned(),
+        lease.to_string(),
+        primitive.to_owned(),
+    )
+}
+
+/// Binds `key` as the statements of its table take it: the key, then for a shared key its
+/// primitive (the holds table's rows are found by both).
+fn bind_key<DB: Database>(
+    query: sqlx::query::Query<'static, DB, <DB as Database>::Arguments>,
+    key: &LockKey,
+) -> sqlx::query::Query<'static, DB, <DB as Database>::Arguments>
+where
+    for<'q> String: Encode<'q, DB> + Type<DB>,
+{
+    let query = query.bind(key.as_str().to_owned());
+    match key.primitive() {
+        Primitive::Mutex => query,
+        shared => query.bind(shared.name().to_owned()),
+    }
 }
 
 /// A server dialect's connect options, built from the parsed URL: the driver parses a
@@ -764,7 +876,7 @@ mod tests {
         let key = LockKey::new("a\"b\\c/é🔒").expect("a valid key");
         assert_eq!(
             batch_json(&[(key, lease, 1500)]),
-            format!(r#"[{{"k":"a\"b\\c/é🔒","l":"{lease}","t":1500}}]"#)
+            format!(r#"[{{"k":"a\"b\\c/é🔒","p":"mutex","l":"{lease}","t":1500}}]"#)
         );
         assert_eq!(batch_json(&[]), "[]");
     }

@@ -4,7 +4,7 @@ use lock_core::Result;
 use sqlx::mysql::{MySqlConnectOptions, MySqlQueryResult};
 use sqlx::{AssertSqlSafe, Executor, MySql, Pool};
 
-use super::{pool_options, server_options, sql_text, RowsAffected, SqlText};
+use super::{hold_text, pool_options, server_options, sql_text, RowsAffected, SqlText, Turn};
 use crate::config::SqlConfig;
 
 pub(crate) const SQL: SqlText = sql_text!(
@@ -15,7 +15,13 @@ pub(crate) const SQL: SqlText = sql_text!(
     now_ms: "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)",
     clock_ms: "CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED)",
     // MariaDB's UPDATE cannot return the rows it changed.
-    renewed: Some(include_str!("../../sql/mysql/renewed.sql"))
+    renewed: Some(include_str!("../../sql/mysql/renewed.sql")),
+    holds: hold_text!(
+        "mysql",
+        begin: "BEGIN",
+        turn: Turn::Shared(include_str!("../../sql/mysql/holds/turn.sql")),
+        renewed: Some(include_str!("../../sql/mysql/holds/renewed.sql"))
+    )
 );
 
 impl RowsAffected for MySqlQueryResult {

@@ -7,7 +7,9 @@ use lock_core::{Error, LockKey, Result};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgQueryResult};
 use sqlx::{AssertSqlSafe, Pool, Postgres, Row, SqlSafeStr, SqlStr};
 
-use super::{channel, pool_options, server_options, sql_text, Ops, RowsAffected, SqlText};
+use super::{
+    channel, hold_text, pool_options, server_options, sql_text, Ops, RowsAffected, SqlText, Turn,
+};
 use crate::config::{Dialect, SqlConfig};
 use crate::error::into_error;
 
@@ -16,7 +18,13 @@ pub(crate) const SQL: SqlText = sql_text!(
     // statement_timestamp() is fixed for one statement (now() would be fixed for the
     // whole transaction, the same thing in autocommit); clock_timestamp() moves on.
     now_ms: "(extract(epoch FROM statement_timestamp()) * 1000)::bigint",
-    clock_ms: "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+    clock_ms: "(extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+    holds: hold_text!(
+        "postgres",
+        begin: "BEGIN",
+        turn: Turn::Key(include_str!("../../sql/postgres/holds/turn.sql")),
+        renewed: None
+    )
 );
 
 const NOTIFY: &str = include_str!("../../sql/postgres/notify.sql");
@@ -110,7 +118,7 @@ impl Listener {
     /// release committed, in a statement of its own: a notification that fails (a full
     /// queue) leaves the waiters to their fallback poll instead of undoing the release.
     pub(crate) async fn released(&self, ops: &Ops<Postgres>, key: &LockKey) {
-        let query = sqlx::query(self.notify.clone()).bind(key.as_str().to_owned());
+        let query = sqlx::query(self.notify.clone()).bind(super::watch_name(key));
         if let Err(err) = ops.fetch_row("notifying waiters", query).await {
             tracing::debug!(error = %err, "release notification failed; waiters poll");
         }
@@ -169,7 +177,14 @@ async fn listen(pool: Pool<Postgres>, channel: String, link: ListenerLink) -> Re
     link.subscribed();
     loop {
         match listener.try_recv().await {
-            Ok(Some(notification)) => link.feed().released(notification.payload()),
+            Ok(Some(notification)) => {
+                let name = notification.payload();
+                if super::shared::releases_many(name) {
+                    link.feed().released_to_many(name);
+                } else {
+                    link.feed().released(name);
+                }
+            }
             Ok(None) => return Ok(()),
             Err(err) => return Err(failed("receiving release notifications")(err)),
         }

@@ -7,7 +7,7 @@ use lock_core::Backoff;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteQueryResult, SqliteSynchronous};
 use sqlx::{Pool, Sqlite};
 
-use super::{pool_options, sql_text, RowsAffected, SqlText};
+use super::{hold_text, pool_options, sql_text, RowsAffected, SqlText, Turn};
 use crate::config::{self, SqlConfig};
 
 /// How long a statement waits for another process's write before it fails with
@@ -24,7 +24,15 @@ const WAL_RETRY: Backoff = Backoff {
 /// both the statement's start and the time a row is written.
 const NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
 
-pub(crate) const SQL: SqlText = sql_text!("sqlite", now_ms: NOW_MS, clock_ms: NOW_MS);
+pub(crate) const SQL: SqlText = sql_text!(
+    "sqlite",
+    now_ms: NOW_MS,
+    clock_ms: NOW_MS,
+    // BEGIN IMMEDIATE takes the database's write lock at once (queueing within the busy
+    // timeout): a deferred transaction that read first could not upgrade to a writer
+    // while another process writes, and would fail instead of wait.
+    holds: hold_text!("sqlite", begin: "BEGIN IMMEDIATE", turn: Turn::Begin, renewed: None)
+);
 
 impl RowsAffected for SqliteQueryResult {
     fn rows(&self) -> u64 {
