@@ -16,7 +16,7 @@ use lock_core::backend::{
     with_timeout, AcquireRequest, Capabilities, Grant, HolderInfo, KeyWatch, LockBackend,
     Ownership, Record, Turn,
 };
-use lock_core::{Error, ErrorKind, FencingToken, LeaseId, LockKey, Result};
+use lock_core::{Error, ErrorKind, FencingToken, LeaseId, LockKey, Primitive, Result};
 use tokio::time::timeout;
 
 use crate::config::{EtcdConfig, Layout};
@@ -41,28 +41,28 @@ const HTTP2_PING_INTERVAL: Duration = Duration::from_secs(10);
 /// their TTL alone.
 #[derive(Clone)]
 pub struct EtcdBackend {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
-struct Inner {
-    client: Client,
+pub(crate) struct Inner {
+    pub(crate) client: Client,
     capabilities: Capabilities,
-    keys: KeySpace,
-    request_timeout: Duration,
+    pub(crate) keys: KeySpace,
+    pub(crate) request_timeout: Duration,
     endpoints: Vec<String>,
-    sessions: Sessions,
+    pub(crate) sessions: Sessions,
     detached: Arc<DetachedLeases>,
-    attempts: Attempts,
+    pub(crate) attempts: Attempts,
     records: RecordLeases,
 }
 
 /// The ask of one acquisition: which session it lives by and its entry.
-struct Attempt {
+pub(crate) struct Attempt {
     /// For a detached hold, its own etcd lease, which no session keeps.
-    session: Arc<EtcdSession>,
-    detached: bool,
-    dir: Vec<u8>,
-    entry: Vec<u8>,
+    pub(crate) session: Arc<EtcdSession>,
+    pub(crate) detached: bool,
+    pub(crate) dir: Vec<u8>,
+    pub(crate) entry: Vec<u8>,
 }
 
 impl EtcdBackend {
@@ -130,12 +130,12 @@ impl EtcdBackend {
         })
     }
 
-    fn kv(&self) -> etcd_client::KvClient {
+    pub(crate) fn kv(&self) -> etcd_client::KvClient {
         self.inner.client.kv_client()
     }
 
     /// One request, bounded by the request time-out, its error mapped.
-    async fn call<T>(
+    pub(crate) async fn call<T>(
         &self,
         what: &str,
         request: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
@@ -149,7 +149,7 @@ impl EtcdBackend {
     /// A transaction that writes with `session`'s lease: a lease the store no longer has
     /// ends the session, and the attempt is retried under a new one. `sending` (an
     /// acquisition's write) is marked answered when etcd answers.
-    async fn txn_in(
+    pub(crate) async fn txn_in(
         &self,
         what: &str,
         session: &EtcdSession,
@@ -180,7 +180,7 @@ impl EtcdBackend {
     }
 
     /// The session and entry `request` acquires with.
-    async fn attempt(&self, request: &AcquireRequest) -> Result<Attempt> {
+    pub(crate) async fn attempt(&self, request: &AcquireRequest) -> Result<Attempt> {
         self.inner.keys.check(request.key())?;
         let ttl = request.store_ttl();
         let session = if request.is_detached() {
@@ -220,7 +220,7 @@ impl EtcdBackend {
 
     /// No tombstone of `request`'s acquisition on `attempt`'s session: its clean-up has not
     /// run (see `retired.rs`).
-    fn not_retired(&self, request: &AcquireRequest, attempt: &Attempt) -> Compare {
+    pub(crate) fn not_retired(&self, request: &AcquireRequest, attempt: &Attempt) -> Compare {
         let tombstone = self
             .inner
             .keys
@@ -243,7 +243,7 @@ impl EtcdBackend {
 
     /// The grant of `attempt`'s entry, created at `revision`: it lives by its session,
     /// or by its TTL alone when detached.
-    fn grant(revision: i64, attempt: &Attempt) -> Result<Grant> {
+    pub(crate) fn grant(revision: i64, attempt: &Attempt) -> Result<Grant> {
         let token = u64::try_from(revision)
             .map_err(|_| Error::new(ErrorKind::Internal, "etcd returned a negative revision"))?;
         let token = FencingToken::new(token);
@@ -255,7 +255,11 @@ impl EtcdBackend {
     }
 
     /// Where `lease_id`'s entry on `key` is, and what it holds.
-    async fn locate(&self, key: &LockKey, lease_id: LeaseId) -> Result<Option<KeyValue>> {
+    pub(crate) async fn locate(
+        &self,
+        key: &LockKey,
+        lease_id: LeaseId,
+    ) -> Result<Option<KeyValue>> {
         let dir = self.inner.keys.dir(key);
         let mut found = match self.inner.keys.known_entry(key, lease_id) {
             Some(entry) => {
@@ -464,9 +468,23 @@ impl EtcdBackend {
 }
 
 impl EtcdBackend {
+    /// Keeps a queued waiter's entry alive with each attempt: one renewed by hand has
+    /// nothing else keeping it (its own session's keep-alives follow its renewals).
+    pub(crate) async fn keep_waiter_alive(
+        &self,
+        request: &AcquireRequest,
+        attempt: &Attempt,
+    ) -> Result<()> {
+        if request.renewal() == lock_core::Renewal::Manual {
+            self.inner.sessions.ping(&attempt.session).await.map(drop)
+        } else {
+            Ok(())
+        }
+    }
+
     /// The seconds etcd lease `lease` has left; negative when it is gone. A key written
     /// without a lease (not one of ours) never expires: 0 left, still there.
-    async fn lease_left(&self, lease: i64) -> Result<i64> {
+    pub(crate) async fn lease_left(&self, lease: i64) -> Result<i64> {
         if lease == 0 {
             return Ok(0);
         }
@@ -687,14 +705,14 @@ fn never_queued(request: &AcquireRequest) -> Result<()> {
 }
 
 /// The key-values a transaction's `index`th operation read.
-fn read(response: &TxnResponse, index: usize) -> Vec<KeyValue> {
+pub(crate) fn read(response: &TxnResponse, index: usize) -> Vec<KeyValue> {
     match response.op_responses().into_iter().nth(index) {
         Some(TxnOpResponse::Get(mut got)) => got.take_kvs(),
         _ => Vec::new(),
     }
 }
 
-fn revision_of(response: &TxnResponse) -> i64 {
+pub(crate) fn revision_of(response: &TxnResponse) -> i64 {
     response.header().map_or(0, |h| h.revision())
 }
 
@@ -735,6 +753,9 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
+        if request.key().primitive() != Primitive::Mutex {
+            return self.try_acquire_shared(request).await;
+        }
         let attempt = self.attempt(request).await?;
         // Free only when nobody holds or queues: a try never jumps the queue. Never after
         // this acquisition's clean-up (a late write; see `retired.rs`).
@@ -803,6 +824,12 @@ impl LockBackend for EtcdBackend {
         let Some(entry) = self.locate(key, lease_id).await? else {
             return Ok(Ownership::NotHeld);
         };
+        // A shared key's waiter has an entry too, but holds nothing.
+        if key.primitive() != Primitive::Mutex
+            && !self.shared_entry_holds(key, lease_id, &entry).await?
+        {
+            return Ok(Ownership::NotHeld);
+        }
         let detached = self.inner.detached.lease_of(lease_id);
         if detached.is_some_and(|lease| lease.lease == entry.lease()) {
             // Nothing keeps a detached hold alive: renewing it sets its end `ttl` from
@@ -863,11 +890,18 @@ impl LockBackend for EtcdBackend {
         // A lock with a lease of its own goes with its lease: one write, not two.
         match self.inner.sessions.revoke_own(lease_id).await {
             Some(revoked) => revoked.map(Ownership::held_if),
-            None => self.delete_entry(key, lease_id).await,
+            None => {
+                let deleted = self.delete_entry(key, lease_id).await?;
+                self.forget_marker(key, lease_id).await?;
+                Ok(deleted)
+            }
         }
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
+        if key.primitive() != Primitive::Mutex {
+            return Ok(self.holders_shared(key).await?.into_iter().next());
+        }
         let dir = self.inner.keys.dir(key);
         let options = GetOptions::new()
             .with_range(range_end(&dir))
@@ -883,20 +917,43 @@ impl LockBackend for EtcdBackend {
         Ok(holder_info(owner, entries.len(), left))
     }
 
+    async fn holders(&self, key: &LockKey) -> Result<Vec<HolderInfo>> {
+        if key.primitive() != Primitive::Mutex {
+            return self.holders_shared(key).await;
+        }
+        Ok(self.inspect(key).await?.into_iter().collect())
+    }
+
     /// User keys starting with `key_prefix` that have entries left in etcd (holders or
-    /// waiters).
+    /// waiters) in any primitive's directories, read together in one transaction.
     async fn stored_keys(&self, key_prefix: &str) -> Result<Vec<String>> {
-        let start = self.inner.keys.dirs_starting_with(key_prefix);
-        let options = GetOptions::new()
-            .with_range(range_end(&start))
-            .with_keys_only();
+        let keys = &self.inner.keys;
+        // The mutexes' root, the shared primitives' roots, the grant markers' root.
+        let roots = [
+            keys.root(),
+            keys.primitive_root(Primitive::Semaphore),
+            keys.primitive_root(Primitive::RwLock),
+            keys.markers_root(),
+        ];
+        let reads = roots.clone().map(|root| {
+            let start = keys.starting_with(root, key_prefix);
+            let options = GetOptions::new()
+                .with_range(range_end(&start))
+                .with_keys_only();
+            TxnOp::get(start, Some(options))
+        });
         let found = self
-            .call("listing keys", self.kv().get(start, Some(options)))
+            .call("listing keys", self.kv().txn(Txn::new().and_then(reads)))
             .await?;
-        let mut keys: Vec<String> = found
-            .kvs()
+        let mut keys: Vec<String> = roots
             .iter()
-            .filter_map(|kv| self.inner.keys.user_key(kv.key()))
+            .enumerate()
+            .flat_map(|(at, root)| {
+                read(&found, at).into_iter().filter_map(move |kv| match at {
+                    0 => keys.user_key(kv.key()),
+                    _ => keys.user_key_under(root, kv.key()),
+                })
+            })
             .collect();
         keys.sort();
         keys.dedup();
@@ -951,6 +1008,9 @@ impl LockBackend for EtcdBackend {
 
     async fn enqueue(&self, request: &AcquireRequest) -> Result<()> {
         never_queued(request)?;
+        if request.key().primitive() != Primitive::Mutex {
+            return self.enqueue_shared(request).await;
+        }
         let attempt = self.attempt(request).await?;
         // Idempotent: a retry finds its entry and keeps its place. Never after this
         // acquisition's clean-up (a late write; see `retired.rs`).
@@ -986,6 +1046,9 @@ impl LockBackend for EtcdBackend {
 
     async fn try_acquire_queued(&self, request: &AcquireRequest) -> Result<Turn> {
         never_queued(request)?;
+        if request.key().primitive() != Primitive::Mutex {
+            return self.try_acquire_queued_shared(request).await;
+        }
         let attempt = self.attempt(request).await?;
         // Only a live entry may be granted (etcd issue 11456): the entry must exist in the
         // same transaction that finds it first, and it exists only while its lease does.
@@ -998,14 +1061,7 @@ impl LockBackend for EtcdBackend {
             .and_then([Self::queue(&attempt.dir, 1)]);
         let mut kv = self.kv();
         let looked = self.call("acquiring", kv.txn(txn));
-        let kept = async {
-            // A waiter renewed by hand has nothing else keeping its entry alive.
-            if request.renewal() == lock_core::Renewal::Manual {
-                self.inner.sessions.ping(&attempt.session).await.map(drop)
-            } else {
-                Ok(())
-            }
-        };
+        let kept = self.keep_waiter_alive(request, &attempt);
         let (response, kept) = tokio::join!(looked, kept);
         let response = response?;
         kept?;
@@ -1023,11 +1079,17 @@ impl LockBackend for EtcdBackend {
     async fn leave_queue(&self, key: &LockKey, lease_id: LeaseId) -> Result<()> {
         match self.inner.sessions.revoke_own(lease_id).await {
             Some(revoked) => revoked.map(drop),
-            None => self.delete_entry(key, lease_id).await.map(drop),
+            None => {
+                self.delete_entry(key, lease_id).await.map(drop)?;
+                self.forget_marker(key, lease_id).await
+            }
         }
     }
 
     async fn watch_turn(&self, request: &AcquireRequest) -> Result<Option<Box<dyn KeyWatch>>> {
+        if request.key().primitive() != Primitive::Mutex {
+            return Ok(Some(self.watch_turn_shared(request)));
+        }
         let keys = &self.inner.keys;
         let own = match keys.known_entry(request.key(), request.lease_id()) {
             Some(entry) => Own::Entry(entry),

@@ -151,6 +151,9 @@ impl EtcdConfig {
             // A lock entry on an etcd lease of its own that nothing keeps alive
             // (`detached.rs`).
             detached_holds: true,
+            // Semaphores and reader-writer locks in fair queues of their own (`shared.rs`);
+            // the etcd-mutex layout refuses semaphores (`keys.rs`).
+            shared_holds: true,
             ..Capabilities::default()
         }
     }

@@ -1,9 +1,11 @@
 //! Where a lock's entries live in etcd, and what they hold.
 //!
 //! Every waiter and holder of a key has one entry in the key's *directory*; the owner is
-//! the entry with the lowest create revision (see the crate docs).
+//! the entry with the lowest create revision (see the crate docs). Semaphores and
+//! reader-writer locks have directories of their own, outside the mutexes' root (see
+//! `shared.rs`).
 
-use lock_core::{LeaseId, LockKey};
+use lock_core::{HoldKind, LeaseId, LockKey, Primitive};
 
 use crate::config::Layout;
 
@@ -27,8 +29,17 @@ impl KeySpace {
     }
 
     /// Refuses a key the layout cannot keep apart from others: in the etcd-mutex layout
-    /// the range of `a` covers `a/b`, so keys with `/` are refused there.
+    /// the range of `a` covers `a/b`, so keys with `/` are refused there. That layout has
+    /// no semaphores (etcd has none to lay one out as): `Unsupported`.
     pub(crate) fn check(&self, key: &LockKey) -> lock_core::Result<()> {
+        if self.layout == Layout::EtcdMutex && key.primitive() == Primitive::Semaphore {
+            return Err(lock_core::Error::new(
+                lock_core::ErrorKind::Unsupported,
+                "etcd: the etcd-mutex layout keeps etcd's mutex and the reader-writer lock of \
+                 its Go recipes, and etcd has no semaphore to lay one out as; semaphores \
+                 need layout=distlock",
+            ));
+        }
         if self.layout == Layout::EtcdMutex && key.as_str().contains('/') {
             return Err(lock_core::Error::new(
                 lock_core::ErrorKind::InvalidInput,
@@ -47,24 +58,51 @@ impl KeySpace {
     /// In the distlock layout the user key is hex-encoded: hex has no `/`, so the
     /// directory of one key is never a prefix of another's (`a` is `61/`, `a/b` is
     /// `612f62/`, `ab` is `6162/`), and no key can name, scan or delete another's entries.
+    ///
+    /// A semaphore's or reader-writer lock's directory is under its primitive's root
+    /// ([`primitive_root`](Self::primitive_root)), so the mutex, the semaphore and the
+    /// reader-writer lock of one name never meet.
     pub(crate) fn dir(&self, key: &LockKey) -> Vec<u8> {
-        let mut dir = self.prefix.as_bytes().to_vec();
-        dir.push(b'/');
-        match self.layout {
-            Layout::Distlock => {
-                for byte in key.as_str().bytes() {
-                    dir.extend_from_slice(format!("{byte:02x}").as_bytes());
-                }
-            }
-            Layout::EtcdMutex => dir.extend_from_slice(key.as_str().as_bytes()),
-        }
+        let mut dir = self.primitive_root(key.primitive());
+        self.push_name(&mut dir, key.as_str());
         dir.push(b'/');
         dir
     }
 
-    /// The entry of acquisition `lease_id` under the etcd lease `etcd_lease`.
+    /// The root a primitive's directories are under: `<prefix>/` for mutexes,
+    /// `<prefix>#semaphore/` and `<prefix>#rwlock/` for the others. Only the first is
+    /// [`root`](Self::root): listings of held mutexes never see the others.
+    pub(crate) fn primitive_root(&self, primitive: Primitive) -> Vec<u8> {
+        let mut root = self.prefix.as_bytes().to_vec();
+        root.extend_from_slice(match primitive {
+            Primitive::Mutex => b"/".as_slice(),
+            Primitive::Semaphore => b"#semaphore/",
+            Primitive::RwLock => b"#rwlock/",
+        });
+        root
+    }
+
+    /// Appends a user key's (or key prefix's) name as the layout spells it.
+    fn push_name(&self, to: &mut Vec<u8>, name: &str) {
+        match self.layout {
+            Layout::Distlock => {
+                for byte in name.bytes() {
+                    to.extend_from_slice(format!("{byte:02x}").as_bytes());
+                }
+            }
+            Layout::EtcdMutex => to.extend_from_slice(name.as_bytes()),
+        }
+    }
+
+    /// The entry of acquisition `lease_id` under the etcd lease `etcd_lease`. A shared
+    /// hold's entry is in its kind's part of the directory ([`kind_part`]).
     pub(crate) fn entry(&self, key: &LockKey, lease_id: LeaseId, etcd_lease: i64) -> Vec<u8> {
         let mut entry = self.dir(key);
+        if let Some(part) = kind_part(key.kind()) {
+            entry.extend_from_slice(&part);
+            entry.extend_from_slice(lease_id.to_string().as_bytes());
+            return entry;
+        }
         match self.layout {
             Layout::Distlock => entry.extend_from_slice(lease_id.to_string().as_bytes()),
             // What etcd's concurrency.Mutex writes: the session's lease id in hex.
@@ -73,12 +111,13 @@ impl KeySpace {
         entry
     }
 
-    /// Where a lease's entry is when the name says it (the distlock layout); in the
-    /// etcd-mutex layout the name depends on the etcd lease and must be searched for.
+    /// Where a lease's entry is when the name says it (the distlock layout, and every
+    /// shared hold); in the etcd-mutex layout a mutex entry's name depends on the etcd
+    /// lease and must be searched for.
     pub(crate) fn known_entry(&self, key: &LockKey, lease_id: LeaseId) -> Option<Vec<u8>> {
         match self.layout {
-            Layout::Distlock => Some(self.entry(key, lease_id, 0)),
-            Layout::EtcdMutex => None,
+            Layout::EtcdMutex if key.primitive() == Primitive::Mutex => None,
+            _ => Some(self.entry(key, lease_id, 0)),
         }
     }
 
@@ -110,26 +149,57 @@ impl KeySpace {
         root
     }
 
-    /// The user key a directory belongs to (for residue listings).
+    /// The user key a mutex directory belongs to (for residue listings).
     pub(crate) fn user_key(&self, etcd_key: &[u8]) -> Option<String> {
         let rest = etcd_key.strip_prefix(self.root().as_slice())?;
         let end = rest.iter().rposition(|b| *b == b'/')?;
         self.decode(&rest[..end])
     }
 
+    /// The user key an entry under `root` (a shared primitive's, or the grant markers')
+    /// belongs to: its name is the first part after the root.
+    pub(crate) fn user_key_under(&self, root: &[u8], etcd_key: &[u8]) -> Option<String> {
+        let rest = etcd_key.strip_prefix(root)?;
+        let end = rest.iter().position(|b| *b == b'/')?;
+        self.decode(&rest[..end])
+    }
+
+    /// Where the grant markers of the etcd-mutex layout's reader-writer locks are:
+    /// `<prefix>#granted/`, outside every lock's directory (etcd's Go `recipe.RWMutex`
+    /// counts every key under its name as an entry).
+    pub(crate) fn markers_root(&self) -> Vec<u8> {
+        let mut root = self.prefix.as_bytes().to_vec();
+        root.extend_from_slice(b"#granted/");
+        root
+    }
+
+    /// The grant marker of `lease_id`'s hold of `key`, under
+    /// [`markers_root`](Self::markers_root).
+    pub(crate) fn marker(&self, key: &LockKey, lease_id: LeaseId) -> Vec<u8> {
+        let mut marker = self.markers(key);
+        marker.extend_from_slice(lease_id.to_string().as_bytes());
+        marker
+    }
+
+    /// The directory of `key`'s grant markers.
+    pub(crate) fn markers(&self, key: &LockKey) -> Vec<u8> {
+        let mut dir = self.markers_root();
+        self.push_name(&mut dir, key.as_str());
+        dir.push(b'/');
+        dir
+    }
+
     /// Where the directories of every user key starting with `key_prefix` begin: every
     /// such directory, and no other key's, starts with it (in the distlock layout; in the
     /// etcd-mutex layout the range may also hold other keys, to be filtered by name).
     pub(crate) fn dirs_starting_with(&self, key_prefix: &str) -> Vec<u8> {
-        let mut start = self.root();
-        match self.layout {
-            Layout::Distlock => {
-                for byte in key_prefix.bytes() {
-                    start.extend_from_slice(format!("{byte:02x}").as_bytes());
-                }
-            }
-            Layout::EtcdMutex => start.extend_from_slice(key_prefix.as_bytes()),
-        }
+        self.starting_with(self.root(), key_prefix)
+    }
+
+    /// [`dirs_starting_with`](Self::dirs_starting_with) under another `root`.
+    pub(crate) fn starting_with(&self, root: Vec<u8>, key_prefix: &str) -> Vec<u8> {
+        let mut start = root;
+        self.push_name(&mut start, key_prefix);
         start
     }
 
@@ -167,6 +237,33 @@ impl KeySpace {
     }
 }
 
+/// The part of a shared hold's directory its entries of `kind` are in, ending in `/`:
+/// `read/` and `write/` for a reader-writer lock (the names etcd's Go `recipe.RWMutex`
+/// uses), the limit in decimal for a semaphore's permits (`3/`), so that entries of another
+/// limit are a range of their own; `None` for a mutex.
+pub(crate) fn kind_part(kind: HoldKind) -> Option<Vec<u8>> {
+    match kind {
+        HoldKind::Mutex => None,
+        HoldKind::Permit { limit } => Some(format!("{limit}/").into_bytes()),
+        HoldKind::Read => Some(b"read/".to_vec()),
+        HoldKind::Write => Some(b"write/".to_vec()),
+    }
+}
+
+/// The kind of hold a shared entry is, from its name after its directory (`rest`):
+/// the inverse of [`kind_part`].
+pub(crate) fn kind_of(rest: &[u8]) -> Option<HoldKind> {
+    let (part, _) = rest.split_at(rest.iter().position(|b| *b == b'/')?);
+    match part {
+        b"read" => Some(HoldKind::Read),
+        b"write" => Some(HoldKind::Write),
+        digits => {
+            let limit: u32 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+            (limit > 0).then_some(HoldKind::Permit { limit })
+        }
+    }
+}
+
 /// The end of the range of every key that starts with `prefix` (etcd's `WithPrefix`).
 pub(crate) fn range_end(prefix: &[u8]) -> Vec<u8> {
     let mut end = prefix.to_vec();
@@ -187,10 +284,30 @@ pub(crate) fn value(lease_id: LeaseId, label: Option<&str>) -> String {
     }
 }
 
-/// The lease id and label an entry's value holds; `None` for an entry that is not
-/// distlock's (an `etcdctl lock` or Go mutex entry, whose value is empty).
+/// A shared hold's entry's value: its state line (`held` or `queued`), then [`value`].
+pub(crate) fn shared_value(held: bool, lease_id: LeaseId, label: Option<&str>) -> String {
+    let state = if held { HELD } else { QUEUED };
+    format!("{state}\n{}", value(lease_id, label))
+}
+
+const HELD: &str = "held";
+const QUEUED: &str = "queued";
+
+/// Whether a shared hold's entry holds the key (rather than waits for it).
+pub(crate) fn is_held(value: &[u8]) -> bool {
+    value.starts_with(HELD.as_bytes()) && value.get(HELD.len()) == Some(&b'\n')
+}
+
+/// The lease id and label an entry's value holds (a shared entry's state line skipped);
+/// `None` for an entry that is not distlock's (an `etcdctl lock` or Go mutex entry, whose
+/// value is empty).
 pub(crate) fn parse_value(value: &[u8]) -> Option<(LeaseId, Option<String>)> {
     let text = std::str::from_utf8(value).ok()?;
+    // Lease ids are hex digits: a state line is never taken for one.
+    let text = [HELD, QUEUED]
+        .iter()
+        .find_map(|state| text.strip_prefix(state)?.strip_prefix('\n'))
+        .unwrap_or(text);
     let (id, label) = match text.split_once('\n') {
         Some((id, label)) => (id, Some(label.to_string())),
         None => (text, None),
@@ -252,6 +369,54 @@ mod tests {
         assert_eq!((dir, name.as_str()), (&b"p/job/"[..], "job"));
     }
 
+    /// The three primitives of one name never share a directory, nor does any semaphore
+    /// or reader-writer lock directory lie in the range the mutexes are listed from.
+    #[test]
+    fn primitives_have_namespaces_of_their_own() {
+        for layout in [Layout::Distlock, Layout::EtcdMutex] {
+            let space = KeySpace::new("p", layout);
+            let name = LockKey::new("k").unwrap();
+            let kinds = [
+                HoldKind::Mutex,
+                HoldKind::Permit { limit: 3 },
+                HoldKind::Read,
+            ];
+            let dirs: Vec<Vec<u8>> = kinds
+                .iter()
+                .map(|kind| space.dir(&name.held_as(*kind).unwrap()))
+                .collect();
+            for (i, one) in dirs.iter().enumerate() {
+                for (j, other) in dirs.iter().enumerate() {
+                    assert!(
+                        i == j || !other.starts_with(one),
+                        "{one:?} covers {other:?}"
+                    );
+                }
+                assert_eq!(i == 0, one.starts_with(&space.root()), "{one:?}");
+            }
+            let id = LeaseId::random();
+            for kind in [
+                HoldKind::Permit { limit: 12 },
+                HoldKind::Read,
+                HoldKind::Write,
+            ] {
+                let key = name.held_as(kind).unwrap();
+                let entry = space.entry(&key, id, 7);
+                let rest = entry.strip_prefix(space.dir(&key).as_slice()).unwrap();
+                assert_eq!(kind_of(rest), Some(kind));
+                assert_eq!(space.known_entry(&key, id), Some(entry.clone()));
+                let root = space.primitive_root(key.primitive());
+                assert_eq!(space.user_key_under(&root, &entry).as_deref(), Some("k"));
+                let marker = space.marker(&key, id);
+                let root = space.markers_root();
+                assert_eq!(space.user_key_under(&root, &marker).as_deref(), Some("k"));
+                assert!(!marker.starts_with(&space.dir(&key)));
+            }
+        }
+        assert_eq!(kind_of(b"0/x"), None);
+        assert_eq!(kind_of(b"x"), None);
+    }
+
     #[test]
     fn user_keys_round_trip() {
         let space = KeySpace::new("p/", Layout::Distlock);
@@ -269,6 +434,15 @@ mod tests {
             Some((id, Some("host\n1".to_string())))
         );
         assert_eq!(parse_value(b""), None);
+        let held = shared_value(true, id, Some("a\nb"));
+        assert!(is_held(held.as_bytes()));
+        assert_eq!(
+            parse_value(held.as_bytes()),
+            Some((id, Some("a\nb".to_string())))
+        );
+        let queued = shared_value(false, id, None);
+        assert!(!is_held(queued.as_bytes()));
+        assert_eq!(parse_value(queued.as_bytes()), Some((id, None)));
         assert_eq!(range_end(b"a/"), b"a0");
         assert_eq!(range_end(b"a\xff"), b"b");
     }

@@ -27,6 +27,7 @@ mod records;
 mod retired;
 mod server;
 mod session;
+mod shared;
 mod watch;
 
 use std::sync::Arc;

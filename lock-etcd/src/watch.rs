@@ -224,3 +224,136 @@ impl KeyWatch for DirWatch {
         }
     }
 }
+
+/// Wakes a semaphore's or reader-writer lock's waiter when enough of the entries ahead of
+/// it that stand in its way have left for its turn to have come (see
+/// `shared::in_the_way`): every entry ahead but `limit - 1` for a permit, every writer
+/// ahead for a read, every entry ahead for a write. A write waiter's readers ahead may
+/// leave in any order, so one predecessor is not enough to watch: the watch covers the
+/// directory (the writers' part for a read) and counts the deletions of those entries.
+pub(crate) struct ShareWatch {
+    client: Client,
+    dir: Vec<u8>,
+    own: Vec<u8>,
+    kind: lock_core::HoldKind,
+    request_timeout: Duration,
+    current: Option<Blocked>,
+}
+
+/// A waiter's watch in place: the entries still in its way, and how many may stay.
+struct Blocked {
+    stream: WatchStream,
+    in_the_way: std::collections::HashSet<Vec<u8>>,
+    may_stay: usize,
+}
+
+impl ShareWatch {
+    pub(crate) fn new(
+        client: Client,
+        dir: Vec<u8>,
+        own: Vec<u8>,
+        kind: lock_core::HoldKind,
+        request_timeout: Duration,
+    ) -> Self {
+        ShareWatch {
+            client,
+            dir,
+            own,
+            kind,
+            request_timeout,
+            current: None,
+        }
+    }
+
+    /// Watches the entries in the waiter's way. The watch is in place before the queue
+    /// is read, so no deletion after the read goes unseen (and one before it is already
+    /// out of the read). `None` when there is nothing to wait for: the turn has come, or
+    /// the entry is gone.
+    async fn watch_in_the_way(&self) -> Result<Option<Blocked>> {
+        let watched = match self.kind {
+            lock_core::HoldKind::Read => crate::shared::part(&self.dir, lock_core::HoldKind::Write),
+            _ => self.dir.clone(),
+        };
+        let options = WatchOptions::new()
+            .with_range(range_end(&watched))
+            .with_filters([WatchFilterType::NoPut]);
+        let what = "watching the queue";
+        let mut stream = with_timeout(
+            "etcd",
+            self.request_timeout,
+            what,
+            self.client
+                .watch_client()
+                .watch(watched, Some(options))
+                .map_err(|err| into_error(err, what)),
+        )
+        .await?;
+        let confirmed =
+            with_timeout("etcd", self.request_timeout, what, stream.message().map(Ok)).await?;
+        if !matches!(confirmed, Ok(Some(reply)) if reply.created() && !reply.canceled()) {
+            return Ok(None);
+        }
+        let options = GetOptions::new()
+            .with_range(range_end(&self.dir))
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_keys_only();
+        let found = with_timeout(
+            "etcd",
+            self.request_timeout,
+            "looking at the queue",
+            self.client
+                .kv_client()
+                .get(self.dir.clone(), Some(options))
+                .map_err(|err| into_error(err, "looking at the queue")),
+        )
+        .await?;
+        let Some((in_the_way, may_stay)) =
+            crate::shared::in_the_way(&self.dir, found.kvs(), &self.own, self.kind)
+        else {
+            return Ok(None);
+        };
+        Ok((in_the_way.len() > may_stay).then_some(Blocked {
+            stream,
+            in_the_way,
+            may_stay,
+        }))
+    }
+}
+
+#[async_trait]
+impl KeyWatch for ShareWatch {
+    async fn changed(&mut self) -> Result<Change> {
+        loop {
+            let Some(blocked) = self.current.as_mut() else {
+                match self.watch_in_the_way().await? {
+                    Some(blocked) => {
+                        self.current = Some(blocked);
+                        continue;
+                    }
+                    None => return Ok(Change::LookAgain),
+                }
+            };
+            match blocked.stream.message().await {
+                Ok(Some(reply)) if reply.canceled() || reply.compact_revision() > 0 => {
+                    self.current = None;
+                    return Ok(Change::LookAgain);
+                }
+                Ok(Some(reply)) => {
+                    for event in reply.events() {
+                        if let Some(kv) = event.kv() {
+                            blocked.in_the_way.remove(kv.key());
+                        }
+                    }
+                    if blocked.in_the_way.len() <= blocked.may_stay {
+                        self.current = None;
+                        return Ok(Change::Released);
+                    }
+                }
+                Ok(None) | Err(_) => {
+                    self.current = None;
+                    return Ok(Change::LookAgain);
+                }
+            }
+        }
+    }
+}
