@@ -20,8 +20,14 @@ use crate::notify::Notifier;
 use crate::replicas::Confirmation;
 use crate::sentinel::Sentinels;
 
-static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/acquire.lua")));
+mod sets;
+
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../scripts/grant.lua"),
+        include_str!("../scripts/acquire.lua")
+    ))
+});
 static WRITE_RECORD: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/write_record.lua")));
 
@@ -97,6 +103,8 @@ impl RedisBackend {
                     // Records sit beside the lock entry and are written by a script that
                     // checks it (the Redlock backend keeps none: see docs.md).
                     records: true,
+                    // One script takes a whole set (backend/sets.rs).
+                    atomic_sets: true,
                     ..config.capabilities()
                 },
                 confirmation: Confirmation::of(config),
@@ -156,6 +164,12 @@ impl LockBackend for RedisBackend {
             }
         }
         Ok(Some(FencingToken::new(token).into()))
+    }
+
+    /// As [`try_acquire`](Self::try_acquire), for every key of the set: with replica
+    /// confirmation on, an unconfirmed set is released again, every key of it.
+    async fn try_acquire_all(&self, requests: &[AcquireRequest]) -> Result<Option<Vec<Grant>>> {
+        self.acquire_all(requests).await
     }
 
     async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<Ownership> {
