@@ -1,5 +1,5 @@
 -- The next fencing token of a key, prepended by the Rust code to every script that grants
--- (acquire.lua, shared_acquire.lua).
+-- (grant.lua for acquire.lua and acquire_all.lua; shared_acquire.lua).
 -- The token is the counter plus one, or the server's clock in microseconds since the
 -- epoch if that is more: a hybrid of a counter and a clock. A counter that is missing (a
 -- key never locked, or a server restarted without persistence) or behind (a replica

@@ -21,9 +21,12 @@ use crate::replicas::Confirmation;
 use crate::sentinel::Sentinels;
 use crate::shared;
 
+mod sets;
+
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         include_str!("../scripts/token.lua"),
+        include_str!("../scripts/grant.lua"),
         include_str!("../scripts/acquire.lua")
     ))
 });
@@ -105,6 +108,8 @@ impl RedisBackend {
                     // Semaphores and reader-writer locks: counted and decided by one
                     // script on one server (`shared.rs`).
                     shared_holds: true,
+                    // One script takes a whole set (backend/sets.rs).
+                    atomic_sets: true,
                     ..config.capabilities()
                 },
                 confirmation: Confirmation::of(config),
@@ -173,6 +178,12 @@ impl LockBackend for RedisBackend {
             }
         }
         Ok(Some(FencingToken::new(token).into()))
+    }
+
+    /// As [`try_acquire`](Self::try_acquire), for every key of the set: with replica
+    /// confirmation on, an unconfirmed set is released again, every key of it.
+    async fn try_acquire_all(&self, requests: &[AcquireRequest]) -> Result<Option<Vec<Grant>>> {
+        self.acquire_all(requests).await
     }
 
     async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<Ownership> {

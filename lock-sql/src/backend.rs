@@ -130,6 +130,9 @@ macro_rules! on_store {
     };
 }
 
+// After `on_store!`, which it uses.
+mod sets;
+
 impl SqlBackend {
     /// Connects with `config` and creates the lock table if it is missing
     /// ([`migrate`](Self::migrate)).
@@ -200,6 +203,8 @@ impl SqlBackend {
                     // The holds table beside the lock table (docs.md, "Semaphores and
                     // reader-writer locks").
                     shared_holds: true,
+                    // One transaction takes a whole set (backend/sets.rs).
+                    atomic_sets: true,
                     ..Capabilities::default()
                 },
                 config,
@@ -366,6 +371,10 @@ impl LockBackend for SqlBackend {
             result.map(|granted| granted.map(Grant::new))
         })
         .await
+    }
+
+    async fn try_acquire_all(&self, requests: &[AcquireRequest]) -> Result<Option<Vec<Grant>>> {
+        self.acquire_all(requests).await
     }
 
     async fn renew(&self, key: &LockKey, lease_id: LeaseId, ttl: Duration) -> Result<Ownership> {

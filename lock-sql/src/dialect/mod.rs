@@ -5,6 +5,7 @@
 pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
+mod sets;
 mod shared;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
@@ -346,52 +347,49 @@ where
         ttl_ms: i64,
         holder: Option<String>,
     ) -> Result<Option<FencingToken>> {
-        let lease = lease_id.to_string();
-        let query = sqlx::query(self.sql.acquire.clone())
-            .bind(key.as_str().to_owned())
-            .bind(lease.clone())
-            .bind(ttl_ms)
-            .bind(holder);
+        let query = self.acquire_query(key, lease_id, ttl_ms, holder);
         let dialect = self.dialect;
         let row = self
             .on_connection("acquire", move |conn| {
-                Box::pin(async move {
-                    match query.fetch_optional(conn).await {
-                        // Another transaction is writing the key's row (or drawing a token)
-                        // and did not finish within the statement's short lock wait: the
-                        // key is contended, and nothing was written.
-                        Err(err) if lock_wait_timed_out(dialect, &err) => {
-                            tracing::debug!(%err, "acquire gave up waiting for a row lock");
-                            Ok(None)
-                        }
-                        answer => answer,
-                    }
-                })
+                Box::pin(Self::acquire_on(conn, query, dialect))
             })
             .await?;
-        let Some(row) = row else {
-            return Ok(None);
-        };
-        let read = self.fail("reading the grant");
-        let (holder, token, remaining): (String, i64, i64) =
-            (|| Ok::<_, sqlx::Error>((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))()
-                .map_err(read)?;
-        // Dialects whose upsert cannot filter its RETURNING (MariaDB) return whoever
-        // holds the row; the grant is ours only if the lease id is.
-        if holder != lease {
-            return Ok(None);
+        granted::<DB>(dialect, row, lease_id)
+    }
+
+    /// The acquire statement (acquire.sql) for one key, bound and ready to run alone or
+    /// inside a transaction of several keys.
+    pub(crate) fn acquire_query(
+        &self,
+        key: &LockKey,
+        lease_id: LeaseId,
+        ttl_ms: i64,
+        holder: Option<String>,
+    ) -> sqlx::query::Query<'static, DB, <DB as Database>::Arguments> {
+        sqlx::query(self.sql.acquire.clone())
+            .bind(key.as_str().to_owned())
+            .bind(lease_id.to_string())
+            .bind(ttl_ms)
+            .bind(holder)
+    }
+
+    /// Runs an [`acquire_query`](Self::acquire_query) on `conn`: the grant's row (read
+    /// with [`granted`]), or `None` when the key is contended.
+    pub(crate) async fn acquire_on(
+        conn: &mut DB::Connection,
+        query: sqlx::query::Query<'static, DB, <DB as Database>::Arguments>,
+        dialect: Dialect,
+    ) -> sqlx::Result<Option<DB::Row>> {
+        match query.fetch_optional(conn).await {
+            // Another transaction is writing the key's row (or drawing a token) and did
+            // not finish within the statement's short lock wait: the key is contended,
+            // and nothing was written.
+            Err(err) if lock_wait_timed_out(dialect, &err) => {
+                tracing::debug!(%err, "acquire gave up waiting for a row lock");
+                Ok(None)
+            }
+            answer => answer,
         }
-        if remaining <= 0 {
-            // Only where the expiry is computed before a wait (MariaDB's insert waits for
-            // the token counter after computing it): the grant is over already, so it
-            // counts as unanswered and the caller retries the same lease.
-            return Err(Error::new(
-                ErrorKind::Unavailable,
-                "acquire failed: the grant was written after its TTL had run out (the \
-                 statement waited on a lock for longer than the TTL)",
-            ));
-        }
-        Ok(Some(token_from(token)?))
     }
 
     pub(crate) async fn renew(
@@ -730,6 +728,42 @@ where
         self.on_connection(doing, move |conn| Box::pin(query.fetch_one(conn)))
             .await
     }
+}
+
+/// Reads the answer of acquire.sql for `lease_id` ([`Ops::acquire_on`]): its token when
+/// the lease holds the key now, `None` when another lease does.
+pub(crate) fn granted<DB: Database>(
+    dialect: Dialect,
+    row: Option<DB::Row>,
+    lease_id: LeaseId,
+) -> Result<Option<FencingToken>>
+where
+    usize: ColumnIndex<DB::Row>,
+    for<'r> i64: Decode<'r, DB> + Type<DB>,
+    for<'r> String: Decode<'r, DB> + Type<DB>,
+{
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let (holder, token, remaining): (String, i64, i64) =
+        (|| Ok::<_, sqlx::Error>((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))()
+            .map_err(|err| into_error(err, "reading the grant", dialect))?;
+    // Dialects whose upsert cannot filter its RETURNING (MariaDB) return whoever holds
+    // the row; the grant is ours only if the lease id is.
+    if holder != lease_id.to_string() {
+        return Ok(None);
+    }
+    if remaining <= 0 {
+        // Only where the expiry is computed before a wait (MariaDB's insert waits for the
+        // token counter after computing it): the grant is over already, so it counts as
+        // unanswered and the caller retries the same lease.
+        return Err(Error::new(
+            ErrorKind::Unavailable,
+            "acquire failed: the grant was written after its TTL had run out (the \
+             statement waited on a lock for longer than the TTL)",
+        ));
+    }
+    Ok(Some(token_from(token)?))
 }
 
 /// A batch of leases as the JSON array the dialects' `renew_many.sql` read:
