@@ -5,6 +5,9 @@
 //! reader-writer locks have directories of their own, outside the mutexes' root (see
 //! `shared.rs`).
 
+use std::collections::HashSet;
+
+use etcd_client::KeyValue;
 use lock_core::{HoldKind, LeaseId, LockKey, Primitive};
 
 use crate::config::Layout;
@@ -313,6 +316,44 @@ pub(crate) fn parse_value(value: &[u8]) -> Option<(LeaseId, Option<String>)> {
         None => (text, None),
     };
     Some((id.parse().ok()?, label))
+}
+
+/// The part of `dir` holding `kind`'s entries.
+pub(crate) fn part(dir: &[u8], kind: HoldKind) -> Vec<u8> {
+    let mut part = dir.to_vec();
+    part.extend_from_slice(&kind_part(kind).unwrap_or_default());
+    part
+}
+
+/// The keys among `entries` ahead of `own` in a shared queue (sorted by create revision)
+/// that stand in its way, and how many of them may stay when its turn comes: for a permit
+/// every entry ahead, `limit - 1` staying; for a read the writers ahead, none staying; for
+/// a write every entry ahead, none staying. `None` when `own` is not among them.
+pub(crate) fn in_the_way(
+    dir: &[u8],
+    entries: &[KeyValue],
+    own: &[u8],
+    kind: HoldKind,
+) -> Option<(HashSet<Vec<u8>>, usize)> {
+    let at = entries.iter().position(|kv| kv.key() == own)?;
+    let ahead = entries[..at].iter().map(KeyValue::key);
+    Some(match kind {
+        HoldKind::Permit { limit } => (
+            ahead.map(<[u8]>::to_vec).collect(),
+            (limit as usize).saturating_sub(1),
+        ),
+        HoldKind::Read => {
+            let writers = part(dir, HoldKind::Write);
+            (
+                ahead
+                    .filter(|key| key.starts_with(&writers))
+                    .map(<[u8]>::to_vec)
+                    .collect(),
+                0,
+            )
+        }
+        _ => (ahead.map(<[u8]>::to_vec).collect(), 0),
+    })
 }
 
 #[cfg(test)]

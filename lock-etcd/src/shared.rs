@@ -20,7 +20,7 @@
 //! on the entry's etcd lease, put by the grant (its revision the token) and gone with the
 //! entry's lease. The recipe's own entries hold by the rank rules alone.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
@@ -31,7 +31,7 @@ use lock_core::{Error, ErrorKind, FencingToken, HoldKind, LeaseId, LockKey, Resu
 
 use crate::backend::{read, revision_of, Attempt, EtcdBackend};
 use crate::config::Layout;
-use crate::keys::{is_held, kind_of, kind_part, parse_value, range_end, shared_value, value};
+use crate::keys::{is_held, kind_of, parse_value, part, range_end, shared_value, value};
 use crate::watch::ShareWatch;
 
 impl EtcdBackend {
@@ -475,13 +475,6 @@ fn blockers(dir: &[u8], kind: HoldKind) -> (Vec<u8>, Vec<u8>) {
     (from, end)
 }
 
-/// The part of `dir` holding `kind`'s entries.
-pub(crate) fn part(dir: &[u8], kind: HoldKind) -> Vec<u8> {
-    let mut part = dir.to_vec();
-    part.extend_from_slice(&kind_part(kind).unwrap_or_default());
-    part
-}
-
 /// The two ranges of a semaphore's directory outside its entries of `limit`.
 fn other_limits(dir: &[u8], limit: u32) -> [(Vec<u8>, Vec<u8>); 2] {
     let own = part(dir, HoldKind::Permit { limit });
@@ -588,35 +581,4 @@ fn held_apart<'e>(
         }
     }
     held
-}
-
-/// The keys among `entries` ahead of `own` in a shared queue (sorted by create revision)
-/// that stand in its way, and how many of them may stay when its turn comes: for a permit
-/// every entry ahead, `limit - 1` staying; for a read the writers ahead, none staying; for
-/// a write every entry ahead, none staying. `None` when `own` is not among them.
-pub(crate) fn in_the_way(
-    dir: &[u8],
-    entries: &[KeyValue],
-    own: &[u8],
-    kind: HoldKind,
-) -> Option<(HashSet<Vec<u8>>, usize)> {
-    let at = entries.iter().position(|kv| kv.key() == own)?;
-    let ahead = entries[..at].iter().map(KeyValue::key);
-    Some(match kind {
-        HoldKind::Permit { limit } => (
-            ahead.map(<[u8]>::to_vec).collect(),
-            (limit as usize).saturating_sub(1),
-        ),
-        HoldKind::Read => {
-            let writers = part(dir, HoldKind::Write);
-            (
-                ahead
-                    .filter(|key| key.starts_with(&writers))
-                    .map(<[u8]>::to_vec)
-                    .collect(),
-                0,
-            )
-        }
-        _ => (ahead.map(<[u8]>::to_vec).collect(), 0),
-    })
 }

@@ -271,7 +271,7 @@ impl ShareWatch {
     /// the entry is gone.
     async fn watch_in_the_way(&self) -> Result<Option<Blocked>> {
         let watched = match self.kind {
-            lock_core::HoldKind::Read => crate::shared::part(&self.dir, lock_core::HoldKind::Write),
+            lock_core::HoldKind::Read => crate::keys::part(&self.dir, lock_core::HoldKind::Write),
             _ => self.dir.clone(),
         };
         let options = WatchOptions::new()
@@ -308,7 +308,7 @@ impl ShareWatch {
         )
         .await?;
         let Some((in_the_way, may_stay)) =
-            crate::shared::in_the_way(&self.dir, found.kvs(), &self.own, self.kind)
+            crate::keys::in_the_way(&self.dir, found.kvs(), &self.own, self.kind)
         else {
             return Ok(None);
         };

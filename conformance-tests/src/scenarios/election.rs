@@ -283,3 +283,87 @@ pub async fn election_is_refused_without_records(ctx: &Ctx) -> Outcome {
     );
     Ok(())
 }
+
+/// A leader cut off from the store (a silent partition longer than its TTL) sees `lost()`
+/// before a successor is elected; an observer follows the new term, and after the
+/// partition heals the old leader's proclaim and resignation report the loss without
+/// touching the successor.
+pub async fn cut_off_leader_loses_before_a_successor_is_elected(ctx: &Ctx) -> Outcome {
+    let name = ctx.key("election-partition");
+    let ttl = ctx.short_ttl();
+    let (client, link) = ctx.linked_client().await?;
+    let successor = ctx.client().await?;
+    let observer = ctx.client().await?;
+    let leadership = client.elect(&name).ttl(ttl).value("old").await?;
+    let mut changes = observer.observe(&name, Duration::from_millis(50))?;
+    link.cut();
+    let campaign = tokio::spawn({
+        let name = name.clone();
+        async move {
+            let elected = successor.elect(&name).ttl(ttl).value("new").await;
+            (elected, Instant::now())
+        }
+    });
+    within(
+        ttl + SLACK,
+        "lost() during the partition",
+        leadership.lost(),
+    )
+    .await?;
+    let lost_at = Instant::now();
+    let (elected, elected_at) = within(ttl * 10 + SLACK, "the successor's election", campaign)
+        .await?
+        .map_err(|err| Failure(format!("the successor's task panicked: {err}")))?;
+    let elected = elected?;
+    ensure!(
+        lost_at <= elected_at,
+        "the successor was elected {:?} before the old leader's loss",
+        lost_at - elected_at
+    );
+    ensure!(
+        elected.term() > leadership.term(),
+        "the successor's term did not grow"
+    );
+    // The observer ends on the successor, terms never going back.
+    let mut last = FencingToken::new(0);
+    loop {
+        let told = next_told(&mut changes).await?;
+        if let Some((term, _)) = &told {
+            ensure!(*term >= last, "the observer went back to term {term}");
+            last = *term;
+        }
+        if told == Some((elected.term(), Some(b"new".to_vec()))) {
+            break;
+        }
+    }
+    link.restore();
+    expect_kind(
+        within(
+            Duration::from_secs(10),
+            "a proclaim after the loss",
+            leadership.proclaim("late"),
+        )
+        .await?,
+        ErrorKind::Lost,
+        "the old leader's proclaim",
+    )?;
+    expect_kind(
+        within(
+            Duration::from_secs(10),
+            "the old leader's resignation",
+            leadership.resign(),
+        )
+        .await?,
+        ErrorKind::Lost,
+        "the old leader's resignation",
+    )?;
+    let leader = observer.leader(&name).await?;
+    ensure!(
+        leader
+            .as_ref()
+            .map(|status| (status.term, status.value.clone()))
+            == Some((elected.term(), Some(b"new".to_vec()))),
+        "after the old leader's calls the store says {leader:?}"
+    );
+    released(elected.resign().await, "the successor")
+}

@@ -320,6 +320,7 @@ scenarios! {
     shared::cancelled_shared_acquisitions_leave_nothing => SharedHolds,
     shared::owner_downgrades_but_never_upgrades => SharedHolds & Reentrancy,
     shared::shared_holds_are_refused_cleanly => NoSharedHolds,
+    shared::cut_off_permit_holder_loses_before_a_rival_is_granted => SharedHolds & Link,
     sets::lock_set_is_all_or_none => Nothing,
     sets::lock_sets_in_opposite_orders_do_not_deadlock => Nothing,
     sets::cancelled_lock_set_leaves_nothing => Nothing,
@@ -331,4 +332,5 @@ scenarios! {
     election::observe_follows_the_terms_and_ends_on_the_current_leader => Records,
     election::cancelled_campaign_leaves_no_candidate => Records,
     election::election_is_refused_without_records => NoRecords,
+    election::cut_off_leader_loses_before_a_successor_is_elected => Records & Link,
 }

@@ -614,3 +614,60 @@ pub async fn shared_holds_are_refused_cleanly(ctx: &Ctx) -> Outcome {
     );
     Ok(())
 }
+
+/// A permit holder cut off from the store (a silent partition longer than its TTL) sees
+/// `lost()` no later than a rival is granted its permit, and the rival's token is greater;
+/// once the partition heals, the old holder's release reports the loss and leaves the
+/// rival's permit alone.
+pub async fn cut_off_permit_holder_loses_before_a_rival_is_granted(ctx: &Ctx) -> Outcome {
+    let key = ctx.key("semaphore-partition");
+    let ttl = ctx.short_ttl();
+    let (holder, link) = ctx.linked_client().await?;
+    let rival = ctx.client().await?;
+    let permit = holder.semaphore(&key, 1).ttl(ttl).await?;
+    link.cut();
+    let waiting = tokio::spawn({
+        let key = key.clone();
+        async move {
+            let permit = rival.semaphore(&key, 1).ttl(ttl).wait_up_to(ttl * 10).await;
+            (permit, Instant::now())
+        }
+    });
+    within(ttl + SLACK, "lost() during the partition", permit.lost()).await?;
+    let lost_at = Instant::now();
+    let (taken, taken_at) = within(ttl * 10 + SLACK, "the rival's permit", waiting)
+        .await?
+        .map_err(|err| Failure(format!("the rival's task panicked: {err}")))?;
+    let taken = taken?;
+    ensure!(
+        permit.lease().valid_until() <= taken_at && lost_at <= taken_at,
+        "the rival got the permit {:?} before the holder's deadline",
+        permit
+            .lease()
+            .valid_until()
+            .saturating_duration_since(taken_at)
+    );
+    ensure!(
+        taken.token() > permit.token(),
+        "the rival's token did not grow"
+    );
+    link.restore();
+    let late = within(
+        Duration::from_secs(10),
+        "the old holder's release",
+        permit.release(),
+    )
+    .await?;
+    expect_kind(late, ErrorKind::Lost, "the cut-off holder's release")?;
+    ensure!(taken.is_held(), "the rival lost its permit");
+    let holders = ctx
+        .client()
+        .await?
+        .holders(&key, Primitive::Semaphore)
+        .await?;
+    ensure!(
+        holders.len() == 1 && holders[0].token == taken.token(),
+        "after the old holder's release the store lists {holders:?}"
+    );
+    released(taken.release().await, "the rival's permit")
+}

@@ -365,7 +365,7 @@ impl LockClient {
 
     /// A campaign to lead the election `name`: refine it like [`lock`](Self::lock)'s,
     /// give it a [`value`](CampaignRequest::value), and `.await` it (by default for as long
-    /// as it takes) for a [`Leadership`]. On a fair store candidates are elected in the
+    /// as it takes) for a [`Leadership`](crate::Leadership). On a fair store candidates are elected in the
     /// order they started campaigning; a campaign dropped or cancelled leaves nothing
     /// behind.
     ///

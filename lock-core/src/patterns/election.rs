@@ -10,7 +10,8 @@ use std::time::Duration;
 use futures_util::Stream;
 
 use crate::backend::{lock_unpoisoned, with_timeout, Ownership, Record, MAX_RETENTION};
-use crate::client::{LockGuard, LockRequest};
+use crate::client::guard::LockGuard;
+use crate::client::request::LockRequest;
 use crate::engine::held::LossReason;
 use crate::engine::ClientCore;
 use crate::patterns::idempotent::write_fenced;

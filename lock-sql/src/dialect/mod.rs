@@ -10,7 +10,9 @@ mod shared;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
 
-pub(crate) use shared::{hold_text, watch_name, HoldText, Turn};
+#[cfg(feature = "postgres")]
+pub(crate) use shared::watch_name;
+pub(crate) use shared::{hold_text, HoldText, Turn};
 
 use std::collections::HashSet;
 use std::future::Future;
