@@ -51,6 +51,9 @@ where
     run(Some(store), setup)
 }
 
+/// How many scenarios run at once unless `--test-threads` says otherwise.
+const SCENARIO_THREADS: usize = 4;
+
 fn run<F, Fut>(store: Option<Store>, setup: F) -> ExitCode
 where
     F: FnOnce() -> Fut,
@@ -59,7 +62,11 @@ where
     if let Some(task) = HolderTask::from_env() {
         return HolderTask::run(task, store);
     }
-    let args = Arguments::from_args();
+    let mut args = Arguments::from_args();
+    // Scenarios mostly wait (for TTLs, grants, servers), not compute: four at a time keep
+    // a two-core machine busy without starving their timers, and halve a suite's wall
+    // time against one scenario per core. `--test-threads` still decides.
+    args.test_threads.get_or_insert(SCENARIO_THREADS);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
         .enable_all()
