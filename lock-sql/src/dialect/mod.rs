@@ -1,6 +1,34 @@
 //! One lease-table design, many dialects: the SQL text per dialect, and the operations
 //! written once over any sqlx database.
 
+/// `impl<DB> Ops<DB> { ... }` with the sqlx bounds every dialect's operations need,
+/// written once for the files that add operations (the lock table's, the holds table's,
+/// lock sets).
+macro_rules! ops_impl {
+    ($($body:tt)*) => {
+        impl<DB> Ops<DB>
+        where
+            DB: Database,
+            <DB as Database>::Arguments: IntoArguments<DB>,
+            for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+            for<'q> String: Encode<'q, DB> + Type<DB>,
+            for<'q> i64: Encode<'q, DB>,
+            for<'r> i64: Decode<'r, DB> + Type<DB>,
+            for<'r> String: Decode<'r, DB>,
+            for<'q> Vec<u8>: Encode<'q, DB> + Type<DB>,
+            for<'q> Option<Vec<u8>>: Encode<'q, DB>,
+            for<'r> Vec<u8>: Decode<'r, DB>,
+            for<'r> Option<Vec<u8>>: Decode<'r, DB>,
+            for<'q> Option<String>: Encode<'q, DB>,
+            for<'r> Option<String>: Decode<'r, DB>,
+            usize: ColumnIndex<DB::Row>,
+            DB::QueryResult: RowsAffected,
+        {
+            $($body)*
+        }
+    };
+}
+
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
@@ -242,24 +270,7 @@ pub(crate) struct Ops<DB: Database> {
     file: Option<String>,
 }
 
-impl<DB> Ops<DB>
-where
-    DB: Database,
-    <DB as Database>::Arguments: IntoArguments<DB>,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'q> String: Encode<'q, DB> + Type<DB>,
-    for<'q> i64: Encode<'q, DB>,
-    for<'r> i64: Decode<'r, DB> + Type<DB>,
-    for<'r> String: Decode<'r, DB>,
-    for<'q> Vec<u8>: Encode<'q, DB> + Type<DB>,
-    for<'q> Option<Vec<u8>>: Encode<'q, DB>,
-    for<'r> Vec<u8>: Decode<'r, DB>,
-    for<'r> Option<Vec<u8>>: Decode<'r, DB>,
-    for<'q> Option<String>: Encode<'q, DB>,
-    for<'r> Option<String>: Decode<'r, DB>,
-    usize: ColumnIndex<DB::Row>,
-    DB::QueryResult: RowsAffected,
-{
+ops_impl! {
     /// The operations for `config`'s statement time-out over `pool`.
     pub(crate) fn new(pool: Pool<DB>, text: &SqlText, config: &SqlConfig) -> Self {
         Ops {

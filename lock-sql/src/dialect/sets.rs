@@ -21,24 +21,7 @@ use crate::config::Dialect;
 /// holder label.
 pub(crate) type SetMember = (LockKey, LeaseId, i64, Option<String>);
 
-impl<DB> Ops<DB>
-where
-    DB: Database,
-    <DB as Database>::Arguments: IntoArguments<DB>,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'q> String: Encode<'q, DB> + Type<DB>,
-    for<'q> i64: Encode<'q, DB>,
-    for<'r> i64: Decode<'r, DB> + Type<DB>,
-    for<'r> String: Decode<'r, DB>,
-    for<'q> Vec<u8>: Encode<'q, DB> + Type<DB>,
-    for<'q> Option<Vec<u8>>: Encode<'q, DB>,
-    for<'r> Vec<u8>: Decode<'r, DB>,
-    for<'r> Option<Vec<u8>>: Decode<'r, DB>,
-    for<'q> Option<String>: Encode<'q, DB>,
-    for<'r> Option<String>: Decode<'r, DB>,
-    usize: ColumnIndex<DB::Row>,
-    DB::QueryResult: RowsAffected,
-{
+ops_impl! {
     /// Grants every key of `members` to its lease, each as [`acquire`](Self::acquire)
     /// would alone (a retry of the same leases answers their tokens again), in one
     /// transaction: the tokens in the order of `members`, or `None`, having written

@@ -232,24 +232,7 @@ struct SharedRequest {
     waits: bool,
 }
 
-impl<DB> Ops<DB>
-where
-    DB: Database,
-    <DB as Database>::Arguments: IntoArguments<DB>,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'q> String: Encode<'q, DB> + Type<DB>,
-    for<'q> i64: Encode<'q, DB>,
-    for<'r> i64: Decode<'r, DB> + Type<DB>,
-    for<'r> String: Decode<'r, DB>,
-    for<'q> Vec<u8>: Encode<'q, DB> + Type<DB>,
-    for<'q> Option<Vec<u8>>: Encode<'q, DB>,
-    for<'r> Vec<u8>: Decode<'r, DB>,
-    for<'r> Option<Vec<u8>>: Decode<'r, DB>,
-    for<'q> Option<String>: Encode<'q, DB>,
-    for<'r> Option<String>: Decode<'r, DB>,
-    usize: ColumnIndex<DB::Row>,
-    DB::QueryResult: RowsAffected,
-{
+ops_impl! {
     /// Grants the shared `key` (a permit, a read or a write) to `lease_id` for `ttl_ms`
     /// by the grant rules, labelled `holder`; `None` when refused. A refused write that
     /// `waits` leaves its intent. One transaction in which acquirers of the key take
