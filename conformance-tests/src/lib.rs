@@ -36,6 +36,7 @@ mod holder_process;
 mod memory;
 pub mod network;
 pub mod proxy;
+pub mod requests;
 mod runner;
 pub mod scenarios;
 #[cfg(feature = "simulation")]

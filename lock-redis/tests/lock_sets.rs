@@ -11,24 +11,12 @@ use std::time::Duration;
 
 use conformance_tests::store_process::{StoreProcess, StoreSpec};
 use lock_core::backend::{AcquireRequest, DynBackend};
-use lock_core::{ErrorKind, LeaseId, LockKey, Renewal};
+use lock_core::{ErrorKind, Renewal};
 use support::{connect, entry, lock_key, redis_url, start_redis};
 
+use conformance_tests::requests::{fresh_keys, manual_requests};
+
 const TTL: Duration = Duration::from_secs(60);
-
-/// `count` fresh keys named after `name`, in key order.
-fn keys(name: &str, count: usize) -> Vec<LockKey> {
-    let run = LeaseId::random();
-    (0..count)
-        .map(|n| LockKey::new(format!("sets-{run}/{name}/{n}")).unwrap())
-        .collect()
-}
-
-fn requests(keys: &[LockKey], ttl: Duration) -> Vec<AcquireRequest> {
-    keys.iter()
-        .map(|key| AcquireRequest::new(key.clone(), ttl, Duration::ZERO, Renewal::Manual))
-        .collect()
-}
 
 /// Grants `set`, checks each key is held by its lease with its token, and answers the
 /// tokens.
@@ -66,19 +54,19 @@ async fn release_all(backend: &DynBackend, set: &[AcquireRequest]) {
 async fn a_free_set_is_granted_whole_with_tokens_increasing() {
     let server = start_redis().await;
     let backend = connect(&redis_url(server.addr(), "")).await;
-    let keys = keys("whole", 3);
-    let first_set = requests(&keys, TTL);
+    let keys = fresh_keys("whole", 3);
+    let first_set = manual_requests(&keys, TTL);
     let first = granted_whole(&backend, &first_set).await;
     assert!(
         first.windows(2).all(|pair| pair[0] <= pair[1]),
         "tokens of one set go down in key order: {first:?}"
     );
     release_all(&backend, &first_set).await;
-    let single = requests(&keys[1..2], TTL).remove(0);
+    let single = manual_requests(&keys[1..2], TTL).remove(0);
     let between = backend.try_acquire(&single).await.unwrap().expect("free");
     assert!(between.token().get() > first[1]);
     release_all(&backend, std::slice::from_ref(&single)).await;
-    let second = granted_whole(&backend, &requests(&keys, TTL)).await;
+    let second = granted_whole(&backend, &manual_requests(&keys, TTL)).await;
     for (n, (before, after)) in first.iter().zip(&second).enumerate() {
         assert!(after > before, "key {n}: token {after} after {before}");
     }
@@ -91,10 +79,10 @@ async fn a_free_set_is_granted_whole_with_tokens_increasing() {
 async fn a_set_with_a_held_key_is_refused_whole() {
     let server = start_redis().await;
     let backend = connect(&redis_url(server.addr(), "")).await;
-    let keys = keys("refused", 3);
-    let other = requests(&keys[1..2], TTL).remove(0);
+    let keys = fresh_keys("refused", 3);
+    let other = manual_requests(&keys[1..2], TTL).remove(0);
     let held = backend.try_acquire(&other).await.unwrap().expect("free");
-    let set = requests(&keys, TTL);
+    let set = manual_requests(&keys, TTL);
     assert!(
         backend.try_acquire_all(&set).await.unwrap().is_none(),
         "a set with a held key was granted"
@@ -125,8 +113,8 @@ async fn a_set_with_a_held_key_is_refused_whole() {
 async fn a_set_naming_a_key_for_two_leases_is_refused() {
     let server = start_redis().await;
     let backend = connect(&redis_url(server.addr(), "")).await;
-    let keys = keys("twice", 2);
-    let set = requests(&[keys[0].clone(), keys[1].clone(), keys[1].clone()], TTL);
+    let keys = fresh_keys("twice", 2);
+    let set = manual_requests(&[keys[0].clone(), keys[1].clone(), keys[1].clone()], TTL);
     assert!(backend.try_acquire_all(&set).await.unwrap().is_none());
     for key in &keys {
         assert_eq!(backend.inspect(key).await.unwrap(), None);
@@ -139,8 +127,8 @@ async fn a_set_naming_a_key_for_two_leases_is_refused() {
 async fn a_retry_of_the_same_leases_gets_the_same_tokens() {
     let server = start_redis().await;
     let backend = connect(&redis_url(server.addr(), "")).await;
-    let keys = keys("retry", 3);
-    let short = requests(&keys, Duration::from_secs(5));
+    let keys = fresh_keys("retry", 3);
+    let short = manual_requests(&keys, Duration::from_secs(5));
     let first = granted_whole(&backend, &short).await;
     let retry: Vec<AcquireRequest> = short
         .iter()
@@ -185,8 +173,8 @@ async fn confirmed() -> (StoreProcess, StoreProcess, DynBackend) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_confirmed_set_is_on_the_replica_when_granted() {
     let (primary, replica, backend) = confirmed().await;
-    let keys = keys("confirmed", 3);
-    let set = requests(&keys, TTL);
+    let keys = fresh_keys("confirmed", 3);
+    let set = manual_requests(&keys, TTL);
     granted_whole(&backend, &set).await;
     for key in &keys {
         let stored = lock_key("distlock:", key.as_str());
@@ -202,10 +190,10 @@ async fn a_confirmed_set_is_on_the_replica_when_granted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unconfirmed_set_is_rolled_back_whole() {
     let (primary, replica, backend) = confirmed().await;
-    let keys = keys("frozen", 3);
+    let keys = fresh_keys("frozen", 3);
     replica.pause().unwrap();
     let err = backend
-        .try_acquire_all(&requests(&keys, TTL))
+        .try_acquire_all(&manual_requests(&keys, TTL))
         .await
         .unwrap_err();
     replica.resume().unwrap();

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lock_core::backend::{AcquireRequest, LockBackend};
-use lock_core::{LeaseId, LockKey, Renewal};
+use lock_core::{LockKey, Renewal};
 use lock_sql::SqlBackend;
 
 mod raw_connection;
@@ -19,34 +19,22 @@ mod support;
 use raw_connection::RawConnection;
 use support::Database;
 
+use conformance_tests::requests::{fresh_keys, manual_requests};
+
 const TTL: Duration = Duration::from_secs(60);
-
-/// `count` fresh keys named after `name`, in key order.
-fn keys(name: &str, count: usize) -> Vec<LockKey> {
-    let run = LeaseId::random();
-    (0..count)
-        .map(|n| LockKey::new(format!("{name}/{run}/{n}")).unwrap())
-        .collect()
-}
-
-fn requests(keys: &[LockKey], ttl: Duration) -> Vec<AcquireRequest> {
-    keys.iter()
-        .map(|key| AcquireRequest::new(key.clone(), ttl, Duration::ZERO, Renewal::Manual))
-        .collect()
-}
 
 /// A free set is granted whole: each key held by its own lease with the granted token,
 /// tokens increasing in key order and above every token granted before.
 async fn a_free_set_is_granted_whole(db: Database) {
     let backend = db.backend().await;
-    let before = keys("before", 1);
+    let before = fresh_keys("before", 1);
     let earlier = backend
-        .try_acquire(&requests(&before, TTL)[0])
+        .try_acquire(&manual_requests(&before, TTL)[0])
         .await
         .unwrap()
         .expect("a free key");
-    let keys = keys("whole", 3);
-    let set = requests(&keys, TTL);
+    let keys = fresh_keys("whole", 3);
+    let set = manual_requests(&keys, TTL);
     let grants = backend
         .try_acquire_all(&set)
         .await
@@ -67,14 +55,14 @@ async fn a_free_set_is_granted_whole(db: Database) {
 /// (the keys before the held one in key order, and after it); the holder keeps its key.
 async fn a_set_with_a_held_key_is_refused_whole(db: Database) {
     let backend = db.backend().await;
-    let keys = keys("refused", 3);
-    let other = requests(&keys[1..2], TTL).remove(0);
+    let keys = fresh_keys("refused", 3);
+    let other = manual_requests(&keys[1..2], TTL).remove(0);
     let held = backend
         .try_acquire(&other)
         .await
         .unwrap()
         .expect("a free key");
-    let set = requests(&keys, TTL);
+    let set = manual_requests(&keys, TTL);
     assert!(
         backend.try_acquire_all(&set).await.unwrap().is_none(),
         "a set with a held key was granted"
@@ -108,8 +96,8 @@ async fn a_set_with_a_held_key_is_refused_whole(db: Database) {
 /// restarts the TTLs.
 async fn a_retry_of_the_same_leases_gets_the_same_tokens(db: Database) {
     let backend = db.backend().await;
-    let keys = keys("retry", 3);
-    let short = requests(&keys, Duration::from_secs(5));
+    let keys = fresh_keys("retry", 3);
+    let short = manual_requests(&keys, Duration::from_secs(5));
     let first = backend
         .try_acquire_all(&short)
         .await
@@ -155,7 +143,7 @@ async fn overlapping_sets_at_once_never_deadlock(db: Database) {
             .run("ALTER ROLE CURRENT_USER SET deadlock_timeout = '20ms'")
             .await;
     }
-    let keys = keys("overlap", 4);
+    let keys = fresh_keys("overlap", 4);
     let ours: Vec<LockKey> = keys[..3].to_vec();
     let theirs: Vec<LockKey> = keys[1..].iter().rev().cloned().collect();
     let holding = Arc::new(AtomicBool::new(false));
@@ -164,7 +152,7 @@ async fn overlapping_sets_at_once_never_deadlock(db: Database) {
         async move {
             let deadline = Instant::now() + Duration::from_secs(60);
             for _ in 0..ROUNDS {
-                let set = requests(&keys, TTL);
+                let set = manual_requests(&keys, TTL);
                 loop {
                     match backend.try_acquire_all(&set).await {
                         Ok(Some(_)) => break,
