@@ -47,6 +47,15 @@ pub(crate) fn deadlock_victim(dialect: Dialect, err: &sqlx::Error) -> bool {
     }
 }
 
+/// Whether `err`, a store error [`into_error`] made, tells of a statement chosen as a
+/// deadlock's victim ([`deadlock_victim`]): rolled back, it wrote nothing, and the same
+/// statement may simply be sent again.
+pub(crate) fn lost_a_deadlock(dialect: Dialect, err: &Error) -> bool {
+    std::error::Error::source(err)
+        .and_then(|source| source.downcast_ref::<sqlx::Error>())
+        .is_some_and(|source| deadlock_victim(dialect, source))
+}
+
 const UNREACHABLE: &str = "the database could not be reached or is busy";
 const REFUSED: &str = "the database refused the credentials or the operation";
 const UNEXPECTED: &str = "unexpected database error";

@@ -54,7 +54,11 @@ use sqlx::{AssertSqlSafe, ColumnIndex, Database, Decode, Encode, Executor, IntoA
 use sqlx::{Pool, Row, SqlSafeStr, SqlStr, Type};
 
 use crate::config::{Dialect, SqlConfig};
-use crate::error::{into_error, lock_wait_timed_out};
+use crate::error::{into_error, lock_wait_timed_out, lost_a_deadlock};
+
+/// How many times a statement chosen as a deadlock's victim is sent again before its
+/// error is reported.
+const DEADLOCK_RETRIES: usize = 3;
 
 /// How long after the statement time-out a statement's answer may still arrive before its
 /// connection is given up: the server's own cancellation needs a round trip to report.
@@ -535,13 +539,25 @@ ops_impl! {
         key: &LockKey,
         lease_id: LeaseId,
     ) -> Result<Option<Ownership>> {
-        let statement = self
-            .sql
-            .pick(key, |sql| &sql.release, |holds| &holds.release);
-        let query = bind_key(sqlx::query(statement), key).bind(lease_id.to_string());
-        let row = self
-            .on_connection("release", move |conn| Box::pin(query.fetch_optional(conn)))
-            .await?;
+        let mut victim = 0;
+        let row = loop {
+            let statement = self
+                .sql
+                .pick(key, |sql| &sql.release, |holds| &holds.release);
+            let query = bind_key(sqlx::query(statement), key).bind(lease_id.to_string());
+            match self
+                .on_connection("release", move |conn| Box::pin(query.fetch_optional(conn)))
+                .await
+            {
+                // A release that a concurrent transaction (a lock set's, a batch of
+                // renewals) made a deadlock's victim wrote nothing: it is sent again at
+                // once rather than reported as an outage of a store that answers.
+                Err(err) if victim < DEADLOCK_RETRIES && lost_a_deadlock(self.dialect, &err) => {
+                    victim += 1;
+                }
+                row => break row?,
+            }
+        };
         row.map(|row| {
             let live: i64 = row.try_get(0).map_err(self.fail("reading the release"))?;
             Ok(Ownership::held_if(live == 1))
