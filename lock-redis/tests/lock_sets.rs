@@ -14,7 +14,7 @@ use lock_core::backend::{AcquireRequest, DynBackend};
 use lock_core::{ErrorKind, Renewal};
 use support::{connect, entry, lock_key, redis_url, start_redis};
 
-use conformance_tests::requests::{fresh_keys, manual_requests};
+use conformance_tests::requests::{fresh_keys, manual_requests, refused_with_a_held_key};
 
 const TTL: Duration = Duration::from_secs(60);
 
@@ -80,29 +80,7 @@ async fn a_set_with_a_held_key_is_refused_whole() {
     let server = start_redis().await;
     let backend = connect(&redis_url(server.addr(), "")).await;
     let keys = fresh_keys("refused", 3);
-    let other = manual_requests(&keys[1..2], TTL).remove(0);
-    let held = backend.try_acquire(&other).await.unwrap().expect("free");
-    let set = manual_requests(&keys, TTL);
-    assert!(
-        backend.try_acquire_all(&set).await.unwrap().is_none(),
-        "a set with a held key was granted"
-    );
-    for key in [&keys[0], &keys[2]] {
-        assert_eq!(
-            backend.inspect(key).await.unwrap(),
-            None,
-            "{key:?} is held after the set was refused"
-        );
-    }
-    let holder = backend
-        .inspect(&keys[1])
-        .await
-        .unwrap()
-        .expect("still held");
-    assert_eq!(
-        (holder.lease_id, holder.token),
-        (other.lease_id(), held.token())
-    );
+    let (set, other) = refused_with_a_held_key(backend.as_ref(), &keys, TTL).await;
     release_all(&backend, std::slice::from_ref(&other)).await;
     granted_whole(&backend, &set).await;
 }

@@ -19,7 +19,7 @@ mod support;
 use raw_connection::RawConnection;
 use support::Database;
 
-use conformance_tests::requests::{fresh_keys, manual_requests};
+use conformance_tests::requests::{fresh_keys, manual_requests, refused_with_a_held_key};
 
 const TTL: Duration = Duration::from_secs(60);
 
@@ -56,33 +56,7 @@ async fn a_free_set_is_granted_whole(db: Database) {
 async fn a_set_with_a_held_key_is_refused_whole(db: Database) {
     let backend = db.backend().await;
     let keys = fresh_keys("refused", 3);
-    let other = manual_requests(&keys[1..2], TTL).remove(0);
-    let held = backend
-        .try_acquire(&other)
-        .await
-        .unwrap()
-        .expect("a free key");
-    let set = manual_requests(&keys, TTL);
-    assert!(
-        backend.try_acquire_all(&set).await.unwrap().is_none(),
-        "a set with a held key was granted"
-    );
-    for key in [&keys[0], &keys[2]] {
-        assert_eq!(
-            backend.inspect(key).await.unwrap(),
-            None,
-            "{key:?} is held after the set was refused"
-        );
-    }
-    let holder = backend
-        .inspect(&keys[1])
-        .await
-        .unwrap()
-        .expect("still held");
-    assert_eq!(
-        (holder.lease_id, holder.token),
-        (other.lease_id(), held.token())
-    );
+    let (set, other) = refused_with_a_held_key(&backend, &keys, TTL).await;
     // Free again, the same set (same leases) is granted.
     assert!(backend
         .release(&keys[1], other.lease_id())
